@@ -1,0 +1,97 @@
+"""Shared fixtures: every named configuration is baked once per test session.
+
+The configurations are chosen on purpose (see CONFIGS): together they cover every
+env_flavour x launcher x container_base combination that changes a generated file,
+and they cycle the independent answers (cluster, account, git_init) across them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+
+# name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
+# and uenv part x {srun, torchrun}.
+CONFIGS: dict[str, dict[str, str]] = {
+    # --no-input defaults: clariden, container, ngc, srun, git_init=yes
+    "default": {},
+    "uenv-torchrun": {
+        "env_flavour": "uenv",
+        "launcher": "torchrun",
+        "cluster": "daint",
+        "git_init": "no",
+        "nodes": "2",
+    },
+    "both-extended-srun": {
+        "env_flavour": "both",
+        "container_base": "alps-extended",
+        "cluster": "santis",
+        "account": "a-g34",
+        "git_init": "no",
+    },
+    "container-extended-torchrun": {
+        "env_flavour": "container",
+        "container_base": "alps-extended",
+        "launcher": "torchrun",
+        "partition": "debug",
+        "time_limit": "30",
+        "git_init": "no",
+    },
+    "both-ngc-torchrun": {
+        "env_flavour": "both",
+        "launcher": "torchrun",
+        "cluster": "daint",
+        "account": "g34",
+        "git_init": "no",
+    },
+}
+
+
+def clean_env() -> dict[str, str]:
+    """Environment for commands run inside a baked repo: no outer venv leaks in."""
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    # keep the interpreter running the tests first on PATH (it has torch installed)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **kw):
+    """Run a command in a baked repo and return the CompletedProcess (output captured)."""
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=kw.pop("env", clean_env()), capture_output=True, text=True,
+        timeout=timeout, **kw,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} failed ({proc.returncode}) in {cwd}\n"
+            f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def bake(cookies_session):
+    """bake(name) -> Path of the generated repo for CONFIGS[name], baked once per session."""
+    cache: dict[str, Path] = {}
+
+    def _bake(name: str) -> Path:
+        if name not in cache:
+            result = cookies_session.bake(extra_context=CONFIGS[name], template=str(TEMPLATE_DIR))
+            assert result.exception is None, f"{name}: {result.exception!r}"
+            assert result.exit_code == 0
+            cache[name] = Path(result.project_path)
+        return cache[name]
+
+    return _bake
+
+
+@pytest.fixture(scope="session", params=sorted(CONFIGS))
+def baked(request, bake) -> tuple[str, Path]:
+    """(name, path) for each named configuration."""
+    return request.param, bake(request.param)
