@@ -1,0 +1,90 @@
+#!/bin/bash
+# Create the venv that layers this project on top of the {% if cookiecutter.env_flavour == "both" %}container or uenv{% else %}{{ cookiecutter.env_flavour }}{% endif %}, without reinstalling torch.
+#
+# Usage (from the repository root):
+{%- if cookiecutter.env_flavour != "uenv" %}
+#   scripts/setup_venv.sh container         # runs itself inside the container (one short srun)
+{%- endif %}
+{%- if cookiecutter.env_flavour != "container" %}
+#   scripts/setup_venv.sh uenv              # runs itself inside the uenv (uenv run)
+{%- endif %}
+#   scripts/setup_venv.sh FLAVOUR --here    # already inside that environment (or off Alps: current python3)
+#   scripts/setup_venv.sh FLAVOUR --squash  # also pack the venv into a squashfs image (see README)
+#
+# The venv (.venv-FLAVOUR) uses --system-site-packages so torch, CUDA and NCCL come from the
+# environment; it belongs to exactly one image: rebuild it after changing the image.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+usage() {
+    echo "usage: $0 {% if cookiecutter.env_flavour == 'both' %}container|uenv{% else %}{{ cookiecutter.env_flavour }}{% endif %} [--here] [--squash]" >&2
+    exit 2
+}
+
+flavour="${1:-}"
+[[ $# -gt 0 ]] && shift
+here=0
+squash=0
+for arg in "$@"; do
+    case "${arg}" in
+        --here) here=1 ;;
+        --squash) squash=1 ;;
+        *) usage ;;
+    esac
+done
+case "${flavour}" in
+{%- if cookiecutter.env_flavour != "uenv" %}
+    container) ;;
+{%- endif %}
+{%- if cookiecutter.env_flavour != "container" %}
+    uenv) ;;
+{%- endif %}
+    *) usage ;;
+esac
+venv=".venv-${flavour}"
+
+if [[ ${here} -eq 0 ]]; then
+    forward=("${flavour}" --here)
+    [[ ${squash} -eq 1 ]] && forward+=(--squash)
+{%- if cookiecutter.env_flavour != "uenv" %}
+    if [[ "${flavour}" == container ]]; then
+        # The Container Engine only runs under srun: a one-task job on a compute node.
+        exec srun {% if cookiecutter.account %}--account={{ cookiecutter.account }} {% endif %}--partition={{ cookiecutter.partition }} --nodes=1 --ntasks=1 --time=00:30:00 \
+            --environment="${PWD}/container/edf.toml" bash "$0" "${forward[@]}"
+    fi
+{%- endif %}
+{%- if cookiecutter.env_flavour != "container" %}
+    if [[ "${flavour}" == uenv ]]; then
+        exec uenv run "{{ cookiecutter.uenv_image }}" --view=default -- bash "$0" "${forward[@]}"
+    fi
+{%- endif %}
+fi
+
+# --- inside the environment from here on ---
+# A uenv may put its site-packages on PYTHONPATH, which would shadow the venv (CSCS python guide).
+unset PYTHONPATH
+if [[ "${flavour}" == uenv ]]; then
+    PYTHONUSERBASE="$(dirname "$(dirname "$(command -v python3)")")"  # no readlink -f: keep the uenv path
+    export PYTHONUSERBASE
+fi
+
+python3 -m venv --system-site-packages "${venv}"
+# Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI):
+# pip then cannot replace it with a generic wheel from PyPI.
+"${venv}/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "${venv}/torch-constraint.txt"
+"${venv}/bin/python" -m pip install --quiet --upgrade pip
+"${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable .
+"${venv}/bin/python" - <<'PY'
+import sys
+import torch
+if torch.__file__.startswith(sys.prefix):
+    sys.exit(f"error: torch was installed into the venv ({torch.__file__}); it must come from the environment")
+print(f"venv {sys.prefix}: torch {torch.__version__} from {torch.__file__}")
+PY
+
+if [[ ${squash} -eq 1 ]]; then
+    # Many small files are slow on Lustre: one squashfs image is one file. A plain venv is not
+    # relocatable, so mount the image exactly at ${PWD}/${venv} (see README, "Squash the venv").
+    mksquashfs "${venv}" "${venv}.squashfs" -no-recovery -noappend -Xcompression-level 3
+    echo "wrote ${venv}.squashfs; mount it at ${PWD}/${venv}"
+fi
