@@ -21,7 +21,7 @@ run() {
 
 if [[ -z "${SLURM_JOB_ID:-}" && -z "${DRY_RUN:-}" ]]; then
     # On a login node: run this same script on a compute node.
-    exec srun {% if cc.account %}--account={{ cc.account }} {% endif %}--partition={{ cc.partition }} --nodes=1 --ntasks=1 --time=01:00:00 "$0" "$@"
+    exec srun {% if cc.account %}--account={{ cc.account }} {% endif %}--partition={{ cc.partition }} --nodes=1 --ntasks=1 --time=01:00:00 "${PWD}/scripts/build_image.sh" "$@"
 fi
 
 # Podman keeps its storage in node-local memory (/dev/shm): not on Lustre or $HOME, whose file

@@ -50,12 +50,12 @@ if [[ ${here} -eq 0 ]]; then
     if [[ "${flavour}" == container ]]; then
         # The Container Engine only runs under srun: a one-task job on a compute node.
         exec srun {% if cookiecutter.account %}--account={{ cookiecutter.account }} {% endif %}--partition={{ cookiecutter.partition }} --nodes=1 --ntasks=1 --time=00:30:00 \
-            --environment="${PWD}/container/edf.toml" bash "$0" "${forward[@]}"
+            --environment="${PWD}/container/edf.toml" bash scripts/setup_venv.sh "${forward[@]}"
     fi
 {%- endif %}
 {%- if cookiecutter.env_flavour != "container" %}
     if [[ "${flavour}" == uenv ]]; then
-        exec uenv run "{{ cookiecutter.uenv_image }}" --view=default -- bash "$0" "${forward[@]}"
+        exec uenv run "{{ cookiecutter.uenv_image }}" --view=default -- bash scripts/setup_venv.sh "${forward[@]}"
     fi
 {%- endif %}
 fi
