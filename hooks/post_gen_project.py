@@ -1,16 +1,19 @@
 """Finish the generated repository: drop unchosen flavours, stripe Lustre, git init.
 
-Runs inside the new repository. Safe to run again on the same tree (cruft re-runs hooks
-when it updates a project): every step checks before it acts.
+Runs inside the new repository. Safe to run again on the same tree: every step checks
+before it acts. `cruft update` and `cruft diff` also run it, in scratch renders that they only
+diff (see cruft_scratch_render); there it removes the unchosen flavours and nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ANSWERS: dict = json.loads({{ cookiecutter | tojson | tojson }})
@@ -98,10 +101,47 @@ def git_init(answers: dict) -> None:
     )
 
 
+# tempfile.mkdtemp() names: "tmp" + 8 characters from tempfile's alphabet.
+_MKDTEMP_NAME = re.compile(r"tmp[a-z0-9_]{8}")
+
+
+def generated_by_cruft(answers: dict) -> bool:
+    """True under cruft (create, update, diff): only cruft adds `_commit` to the answers."""
+    return "_commit" in answers
+
+
+def cruft_scratch_render(answers: dict) -> bool:
+    """True when cruft renders the template only to diff it (`cruft update`, `cruft diff`).
+
+    cruft 2.x renders the old and the new template version with cookiecutter's
+    generate_files into a fresh tempfile.TemporaryDirectory() (<tmp>/tmpXXXXXXXX/<slug>),
+    moves the result away and diffs the two trees. Anything the hook adds there (a .git
+    directory) would end up in the diff; printed instructions would appear twice per update.
+    `cruft create` renders into the output directory the user chose instead (only a bare
+    mkdtemp() directory given as --output-dir would be taken for a scratch render).
+    """
+    if not generated_by_cruft(answers):
+        return False
+    here = Path.cwd().resolve()
+    parent = here.parent
+    return (
+        _MKDTEMP_NAME.fullmatch(parent.name) is not None
+        and parent.parent == Path(tempfile.gettempdir()).resolve()
+        and [p.name for p in parent.iterdir()] == [here.name]
+    )
+
+
 def main() -> int:
     remove_unchosen_flavours(ANSWERS["env_flavour"])
+    if cruft_scratch_render(ANSWERS):
+        return 0  # the project itself is left to cruft's diff and git apply
     stripe_lustre(ANSWERS)
     git_init(ANSWERS)
+    if generated_by_cruft(ANSWERS) and ANSWERS["git_init"] == "yes":
+        # cruft writes .cruft.json after this hook has run (cruft #155).
+        print("cruft writes .cruft.json after this first commit; commit it before "
+              "`cruft update`:")
+        print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")
     return 0
 
 
