@@ -1,0 +1,102 @@
+"""The generated repository's pre-commit hooks: every freshly baked repo passes them, and an Alps
+mistake makes them fail with the Alps linter's report.
+
+Each test works on a copy of the shared baked repo (git init + add where the bake has no git).
+Hook environments are installed once into the pre-commit cache ($PRE_COMMIT_HOME, else
+~/.cache/pre-commit) and reused by every test and every later session; the first installation
+downloads the pinned hooks from PyPI (about a minute).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS, clean_env, run
+
+# Left out of the copies: artefacts other tests may have created in the shared baked repos.
+COPY_IGNORE = shutil.ignore_patterns(
+    ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "runs"
+)
+
+
+@pytest.fixture(scope="session")
+def pre_commit_env() -> dict[str, str]:
+    """Environment with one PRE_COMMIT_HOME shared by all tests (and kept between sessions)."""
+    env = clean_env()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(cache / "pre-commit")
+    return env
+
+
+def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
+    """A copy of a baked repo that is a git work tree with every generated file tracked."""
+    shutil.copytree(baked_repo, dest, symlinks=True, ignore=COPY_IGNORE)
+    if not (dest / ".git").exists():  # git_init=no
+        run(["git", "init", "--quiet"], dest, env=env)
+        run(["git", "add", "--all"], dest, env=env)
+    return dest
+
+
+def pre_commit(repo: Path, env: dict[str, str], *args: str, check: bool = True):
+    return run(
+        [sys.executable, "-m", "pre_commit", "run", "--all-files", "--color=never", *args],
+        repo,
+        env=env,
+        timeout=900,
+        check=check,
+    )
+
+
+def test_hooks_are_pinned_pypi_only(bake):
+    """No hook needs GitHub: all are local hooks with pinned PyPI dependencies."""
+    config = yaml.safe_load((bake("default") / ".pre-commit-config.yaml").read_text())
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    for hook in hooks:
+        assert hook["language"] in {"python", "fail"}, hook["id"]
+        for requirement in hook.get("additional_dependencies", []):
+            assert "==" in requirement, f"{hook['id']}: {requirement} is not pinned"
+    ids = {hook["id"] for hook in hooks}
+    assert {"shellcheck", "ruff-check", "ruff-format", "hadolint", "alps-lint"} <= ids
+    assert {"check-toml", "check-yaml", "check-merge-conflict", "no-rej-files"} <= ids
+
+
+def test_generated_repo_passes_pre_commit(baked, tmp_path, pre_commit_env):
+    name, path = baked
+    repo = git_copy(path, tmp_path / name, pre_commit_env)
+    proc = pre_commit(repo, pre_commit_env, "--show-diff-on-failure", check=False)
+    assert proc.returncode == 0, f"pre-commit failed in {name}:\n{proc.stdout[-8000:]}"
+    if CONFIGS[name].get("env_flavour") == "uenv":
+        hadolint = [line for line in proc.stdout.splitlines() if line.startswith("hadolint")]
+        assert hadolint and hadolint[0].endswith("Skipped"), "no Dockerfile: hadolint skips"
+
+
+def test_sbatch_environment_directive_fails_pre_commit(bake, tmp_path, pre_commit_env):
+    repo = git_copy(bake("default"), tmp_path / "repo", pre_commit_env)
+    job = repo / "jobs" / "train_container.sbatch"
+    lines = job.read_text().splitlines(keepends=True)
+    lines.insert(1, "#SBATCH --environment=./container/edf.toml\n")
+    job.write_text("".join(lines))
+    proc = pre_commit(repo, pre_commit_env, check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert (
+        "jobs/train_container.sbatch:2: SB-ENV-DIRECTIVE: #SBATCH --environment: "
+        "put it on each srun instead"
+    ) in proc.stdout.splitlines(), proc.stdout
+    alps = [line for line in proc.stdout.splitlines() if line.startswith("Alps linter")]
+    assert alps and alps[0].endswith("Failed"), proc.stdout
+
+
+def test_rej_file_fails_pre_commit(bake, tmp_path, pre_commit_env):
+    """cruft update leaves *.rej files when a template hunk does not apply."""
+    repo = git_copy(bake("default"), tmp_path / "repo", pre_commit_env)
+    (repo / "README.md.rej").write_text("@@ -1 +1 @@\n-old\n+new\n")
+    run(["git", "add", "README.md.rej"], repo, env=pre_commit_env)
+    proc = pre_commit(repo, pre_commit_env, "no-rej-files", check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "README.md.rej" in proc.stdout
