@@ -139,8 +139,7 @@ def main() -> int:
     git_init(ANSWERS)
     if generated_by_cruft(ANSWERS) and ANSWERS["git_init"] == "yes":
         # cruft writes .cruft.json after this hook has run (cruft #155).
-        print("cruft writes .cruft.json after this first commit; commit it before "
-              "`cruft update`:")
+        print("cruft writes .cruft.json after this first commit; commit it before `cruft update`:")
         print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")
     return 0
 
