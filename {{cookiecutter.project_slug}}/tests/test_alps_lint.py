@@ -497,9 +497,28 @@ def test_log_directory_must_be_tracked_in_git(lint, tmp_path):
     assert lint({}, "jobs/train_uenv.sbatch") == (0, [])
 
 
+def test_srun_only_in_command_position(lint):
+    job = CONTAINER_JOB + dedent(
+        """
+        echo "submit with sbatch, not srun: srun runs one step"
+        if srun --ntasks=1 true; then timeout 60 srun hostname; fi
+        """
+    )
+    status, report = lint({"jobs/train_container.sbatch": job}, "jobs/train_container.sbatch")
+    assert report == [
+        "jobs/train_container.sbatch:18: SB-SRUN-ENV: srun without --environment in a container "
+        "job: this step runs on the host"
+    ]
+
+
 def test_silencing_a_continued_command_on_its_last_line(lint):
     job = CONTAINER_JOB + "srun --ntasks=1 \\\n    nvidia-smi  # alps-lint: disable=SB-SRUN-ENV\n"
     assert lint({"jobs/train_container.sbatch": job}, "jobs/train_container.sbatch") == (0, [])
+
+
+def test_every_rule_is_documented():
+    docs = (REPO / "docs" / "pre-commit.md").read_text()
+    assert [rule for rule in alps_lint.RULES if f"| `{rule}` |" not in docs] == []
 
 
 def test_explain(capsys):

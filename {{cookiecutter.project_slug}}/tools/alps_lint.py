@@ -428,7 +428,8 @@ def type_name(value: object) -> str:
 def check_edf(display: str, path: Path, text: str, root: Path) -> list[Finding]:
     lines = text.splitlines()
     if tomllib is None:
-        sys.exit("alps_lint: Python < 3.11 needs the tomli package to read EDFs")
+        print("alps_lint: Python < 3.11 needs the tomli package to read EDFs", file=sys.stderr)
+        raise SystemExit(2)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -654,7 +655,12 @@ UENV_SNIPPET = (
     "FI_MR_CACHE_MONITOR",
 )
 ASSIGNMENT_RE = re.compile(r"(?<![\w${./-])([A-Za-z_]\w*)(\+?=)")
-SRUN_RE = re.compile(r"(?<![\w./-])srun(?![\w.-])")
+# srun in command position (not in an echo'd string): after a separator, maybe behind a prefix
+SRUN_RE = re.compile(
+    r"(?:^|[;&|(`{\n])\s*"
+    r"(?:(?:exec|time|command|nohup|then|do|else|if|while|until|!|timeout\s+\S+)\s+)*"
+    r"srun(?![\w.-])"
+)
 STRIPE_RE = re.compile(r"(?<!\S)lfs\s+setstripe\b")
 ALL_OSTS_RE = re.compile(r"(?<!\S)(?:-c|--stripe-count)(?:=|\s*)[\"']?-1(?!\d)")
 TRITON_SHM_RE = re.compile(r"(?<![\w$])TRITON_HOME=[\"']?/dev/shm")
@@ -842,7 +848,8 @@ def lint_file(display: str, path: Path, root: Path) -> list[Finding]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as err:
-        sys.exit(f"alps_lint: cannot read {display}: {err}")
+        print(f"alps_lint: cannot read {display}: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
     if path.suffix == ".toml":
         findings = check_edf(display, path, text, root) if is_edf(path, text) else []
     else:
