@@ -71,7 +71,9 @@ def test_exact_file_set(baked):
         assert always in files
 
 
-JINJA_MARKERS = re.compile(r"\{\{|\{%|%\}|\{#|#\}|cookiecutter\.")
+# Openers are what an unrendered template leaves behind; closers alone ("%}", "}}") occur in
+# ordinary Python such as f"{share:.0%}" and nested dict literals.
+JINJA_MARKERS = re.compile(r"\{\{|\{%|\{#|cookiecutter\.")
 
 
 def test_no_leftover_jinja(baked):
@@ -298,3 +300,21 @@ def test_git_init_is_idempotent(bake, name, tmp_path):
     head = run(["git", "rev-parse", "HEAD"], cwd=path).stdout
     commits = run(["git", "rev-list", "--count", "HEAD"], cwd=path).stdout
     assert commits.strip() == "1" and head
+
+
+REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:jobs|scripts|container|docs|configs|tools)/[\w.-]+\.(?:sbatch|sh|toml|md|py)"
+    r"|Dockerfile|\.dockerignore)\b"
+)
+
+
+def test_no_dangling_references(baked):
+    """README, docs and scripts only mention repository files that were generated."""
+    name, path = baked
+    texts = [path / "README.md", *path.glob("docs/*.md"), *path.glob("scripts/*.sh"),
+             *path.glob("jobs/*.sbatch")]
+    for text_file in texts:
+        for ref in set(REPO_PATH.findall(text_file.read_text())):
+            if "<" in ref or "*" in ref:
+                continue
+            assert (path / ref).exists(), f"{name}: {text_file.name} mentions missing {ref}"
