@@ -1,0 +1,273 @@
+"""Distributed setup: who this process is, which device it uses, the process group, logging.
+
+Resolution order for rank / world size / local rank:
+1. `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (torchrun, or a wrapper that exports them);
+2. Slurm task variables `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID` (one `srun` task per GPU);
+3. a single process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__package__)
+
+DEFAULT_PORT = 29500
+
+
+class LaunchError(RuntimeError):
+    """The process was started in a way that cannot work (e.g. an sbatch without srun)."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "env" (torchrun or exported RANK/WORLD_SIZE), "srun" or "single"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# --------------------------------------------------------------------------- Slurm parsing
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list such as `nid[001234-001237,001240],login3` into host names.
+
+    Done in Python because `scontrol show hostnames` is often missing inside containers.
+    """
+    hosts: list[str] = []
+    for group in _split_top_level(nodelist):
+        hosts.extend(_expand_group(group))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        depth += (char == "[") - (char == "]")
+        if depth < 0:
+            raise ValueError(f"unbalanced ']' in node list {text!r}")
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise ValueError(f"unbalanced '[' in node list {text!r}")
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_group(group: str) -> list[str]:
+    match = re.fullmatch(r"([^\[\]]*)\[([^\]]*)\](.*)", group)
+    if match is None:
+        if "[" in group or "]" in group:
+            raise ValueError(f"cannot parse node list group {group!r}")
+        return [group]
+    prefix, ranges, rest = match.groups()
+    tails = _expand_group(rest) if rest else [""]
+    hosts = []
+    for item in ranges.split(","):
+        low, _, high = item.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"bad range {item!r} in node list group {group!r}")
+        width = len(low)  # zero padding is kept: nid[001-003] -> nid001, nid002, nid003
+        for number in range(int(low), int(high or low) + 1):
+            hosts.extend(f"{prefix}{str(number).zfill(width)}{tail}" for tail in tails)
+    return hosts
+
+
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """Number of tasks on node `node_id` from a Slurm spec such as `4(x2),3`."""
+    counts: list[int] = []
+    for item in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match is None:
+            raise ValueError(f"cannot parse tasks per node {tasks_per_node!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A port every task of a job derives alike; differs between jobs sharing a node.
+
+    Kept in 15000-29999, below Linux's ephemeral range (32768+), so it does not collide with
+    outgoing connections.
+    """
+    return 15000 + int(job_id) % 15000
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def resolve_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        launcher = "env"
+    elif int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))) > 1:
+        world = int(env.get("SLURM_STEP_NUM_TASKS", env["SLURM_NTASKS"]))
+        # srun sets the step variables; a plain `python` in an sbatch with --ntasks=8 sees
+        # SLURM_NTASKS=8 but is one process, and would wait forever for 7 missing peers.
+        if "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:
+            raise LaunchError(
+                f"SLURM_NTASKS={world} but this process is not part of an srun step "
+                "(SLURM_STEP_ID is not set), so the other ranks will never start. Launch it "
+                f"with `srun python -m {__package__} ...` (one task per GPU), or run a single "
+                "process with `srun --ntasks=1 ...`."
+            )
+        rank = int(env["SLURM_PROCID"])
+        local_rank = int(env.get("SLURM_LOCALID", "0"))
+        per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        node_id = int(env.get("SLURM_NODEID", "0"))
+        local_world = tasks_on_node(per_node, node_id) if per_node else world
+        launcher = "srun"
+    else:
+        return DistEnv(0, 1, 0, 1, "127.0.0.1", DEFAULT_PORT, "single")
+
+    if not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
+        raise LaunchError(f"inconsistent ranks: rank={rank} world={world} local={local_rank}")
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    addr = env.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else "127.0.0.1")
+    if env.get("MASTER_PORT"):
+        port = int(env["MASTER_PORT"])
+    elif env.get("SLURM_JOB_ID"):
+        port = port_from_job_id(env["SLURM_JOB_ID"])
+    else:
+        port = DEFAULT_PORT
+    return DistEnv(rank, world, local_rank, local_world, addr, port, launcher)
+
+
+def choose_device(local_rank: int, cuda_devices: int) -> torch.device:
+    """`local_rank % visible GPUs`: right with all 4 GPUs visible (index = local rank) and with
+    `--gpus-per-task=1`, where each task sees only its own GPU as index 0."""
+    if cuda_devices == 0:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % cuda_devices)
+
+
+def cpu_threads(requested: int, env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
+    """Intra-op threads per rank. srun does not set OMP_NUM_THREADS (torchrun sets 1), and
+    torch's default of one thread per core oversubscribes the node when several ranks share it."""
+    environ = os.environ if environ is None else environ
+    if requested > 0:
+        return requested
+    if environ.get("OMP_NUM_THREADS"):
+        return int(environ["OMP_NUM_THREADS"])
+    if environ.get("SLURM_CPUS_PER_TASK"):
+        return int(environ["SLURM_CPUS_PER_TASK"])
+    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def configure_logging(rank: int, level: int = logging.INFO) -> None:
+    """Every rank logs with a rank prefix; `set_quiet_ranks` later silences INFO off rank 0."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    )
+    pkg_log = logging.getLogger(__package__)
+    pkg_log.handlers[:] = [handler]
+    pkg_log.setLevel(level)
+    pkg_log.propagate = False
+
+
+def set_quiet_ranks(rank: int) -> None:
+    """After the start-up line only rank 0 logs INFO (LOG_ALL_RANKS=1 keeps every rank's)."""
+    if rank != 0 and os.environ.get("LOG_ALL_RANKS") != "1":
+        logging.getLogger(__package__).setLevel(logging.WARNING)
+
+
+# --------------------------------------------------------------------------- process group
+
+
+@contextmanager
+def process_group(timeout_s: float, threads: int = 0) -> Iterator[tuple[DistEnv, torch.device]]:
+    """Resolve the environment, bind the device, create the process group, always destroy it."""
+    env = resolve_env()
+    configure_logging(env.rank)
+    device = choose_device(env.local_rank, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the process group and before any CUDA work
+    torch.set_num_threads(cpu_threads(threads, env))
+    log.info(
+        "host=%s rank=%d local_rank=%d world=%d device=%s CUDA_VISIBLE_DEVICES=%s launcher=%s",
+        socket.gethostname(),
+        env.rank,
+        env.local_rank,
+        env.world_size,
+        device,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"),
+        env.launcher,
+    )
+    set_quiet_ranks(env.rank)
+    try:
+        if env.world_size > 1:
+            log.info("init_process_group via tcp://%s:%d", env.master_addr, env.master_port)
+            dist.init_process_group(
+                backend="nccl" if device.type == "cuda" else "gloo",
+                init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timedelta(seconds=timeout_s),
+                # eager NCCL communicator on the right GPU; barrier() then knows the device
+                device_id=device if device.type == "cuda" else None,
+            )
+        yield env, device
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- collectives
+# These helpers are no-ops in a single process, so the training loop has one code path.
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def all_gather_object(obj: object) -> list:
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: object) -> object:
+    """Rank 0's `obj` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

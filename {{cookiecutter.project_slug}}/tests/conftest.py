@@ -1,0 +1,195 @@
+"""Helpers for the package's tests: launch ranks as subprocesses (gloo on CPU), read results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = "{{ cookiecutter.package_name }}"
+
+# A tiny run: 1000 training samples, 31 batches per rank and epoch with 2 ranks, so 200 steps
+# cross several epoch boundaries; dropout makes the result depend on the restored RNG states.
+TINY = [
+    "synthetic_samples=1200",
+    "eval_samples=200",
+    "num_features=8",
+    "num_classes=4",
+    "hidden_dim=16",
+    "batch_size=16",
+    "dropout=0.2",
+    "lr=0.01",
+    "warmup_steps=5",
+    "max_steps=200",
+    "log_every=1",
+    "eval_every=25",
+    "preempt_check_every=1",
+    "checkpoint_every=10",
+    "keep_checkpoints=3",
+    "num_workers=0",
+    "cpu_threads=1",
+    "dist_timeout_s=60",
+]
+TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """No launcher or Slurm variables from the outside (e.g. when pytest itself runs in a job)."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+class Ranks:
+    """`world` processes of `python -m <package> ...`, output in `<log_dir>/rank<i>.log`."""
+
+    def __init__(self, args: list[str], log_dir: Path, world: int = 2):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.procs = []
+        for rank in range(world):
+            env = clean_env() | {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            with open(self.log_dir / f"rank{rank}.log", "w") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", PACKAGE, *args],
+                        cwd=REPO,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+
+    def log(self, rank: int) -> str:
+        return (self.log_dir / f"rank{rank}.log").read_text()
+
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def send(self, sig: int, ranks: list[int] | None = None) -> None:
+        for i, proc in enumerate(self.procs):
+            if ranks is None or i in ranks:
+                proc.send_signal(sig)
+
+    def wait(self, timeout: float = TIMEOUT_S) -> list[int]:
+        deadline = time.monotonic() + timeout
+        try:
+            return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            self.send(signal.SIGKILL)
+            pytest.fail(f"ranks did not finish in {timeout} s:\n{self.log(0)[-3000:]}")
+
+    def wait_for_step(self, run_dir: Path, step: int, timeout: float = TIMEOUT_S) -> int:
+        """Poll metrics.jsonl until a training record reaches `step`; return the step seen."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = last_logged_step(run_dir)
+            if seen >= step:
+                return seen
+            if not self.running():
+                pytest.fail(f"ranks exited before step {step}:\n{self.log(0)[-3000:]}")
+            time.sleep(0.005)
+        self.send(signal.SIGKILL)
+        pytest.fail(f"step {step} not reached in {timeout} s")
+
+
+def train_ranks(run_dir: Path, log_dir: Path, extra: list[str] = ()) -> Ranks:
+    return Ranks([*TINY, f"run_dir={run_dir}", *extra], log_dir)
+
+
+def last_logged_step(run_dir: Path) -> int:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return -1
+    steps = [-1]
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "train":
+            steps.append(record["step"])
+    return max(steps)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    files = (Path(run_dir) / "checkpoints").glob("step-*.pt")
+    return sorted(int(p.stem.split("-")[1]) for p in files)
+
+
+def load_checkpoint(run_dir: Path, step: int) -> dict:
+    path = Path(run_dir) / "checkpoints" / f"step-{step:08d}.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_identical(a, b, where: str = "state") -> None:
+    """Bit-for-bit equality of nested dicts/lists of tensors and plain values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_training_state(run_a: Path, run_b: Path, step: int) -> None:
+    a, b = load_checkpoint(run_a, step), load_checkpoint(run_b, step)
+    assert_identical(a["model"], b["model"], "model")
+    assert_identical(a["optimizer"], b["optimizer"], "optimizer")
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted 2-rank run of TINY, shared by the resume tests."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    ranks = train_ranks(run_dir, run_dir.parent / "logs")
+    assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
+    return run_dir
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """Run the package in this process as a single rank (no launcher/Slurm variables)."""
+    for key in list(os.environ):
+        if key.startswith("SLURM_") or key in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
+            monkeypatch.delenv(key)
+    yield
+    torch.set_num_threads(max(1, os.cpu_count() or 1))

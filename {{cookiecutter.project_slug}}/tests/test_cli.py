@@ -1,0 +1,95 @@
+"""Command line: benchmark JSON line, plots, metrics records."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TINY, clean_env
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.metrics import read_records
+
+
+def test_benchmark_prints_one_json_line():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "benchmark",
+            *TINY,
+            "bench_warmup=2",
+            "bench_steps=10",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    for key in (
+        "train_step_median_s",
+        "train_samples_per_s",
+        "bare_step_median_s",
+        "bare_samples_per_s",
+        "ratio",
+    ):
+        assert result[key] > 0
+    assert result["steps"] == 10
+
+
+def test_metrics_records_and_plot(tmp_path, single_process, capsys):
+    run_dir = tmp_path / "run"
+    assert (
+        main(
+            [
+                *TINY,
+                f"run_dir={run_dir}",
+                "max_steps=30",
+                "log_every=10",
+                "eval_every=15",
+                "grad_accum_steps=2",
+            ]
+        )
+        == 0
+    )
+    records = read_records(run_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [10, 20, 30]
+    for key in (
+        "loss",
+        "samples_per_s",
+        "samples_per_s_per_rank",
+        "step_time_s",
+        "data_wait_s",
+        "peak_mem_gib",
+        "eta_s",
+        "lr",
+    ):
+        assert key in train[0]
+    assert train[0]["samples_per_s"] > 0 and train[-1]["eta_s"] == 0
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [15, 30]
+    assert any(r["kind"] == "checkpoint" and r["save_s"] > 0 for r in records)
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert main(["plot", str(run_dir)]) == 1
+        assert "matplotlib" in capsys.readouterr().err
+    else:
+        out = tmp_path / "m.png"
+        assert main(["plot", str(run_dir / "metrics.jsonl"), "--out", str(out)]) == 0
+        assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_help_lists_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("train", "benchmark", "make-dataset", "plot"))

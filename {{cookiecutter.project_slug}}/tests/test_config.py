@@ -1,0 +1,96 @@
+"""Config file + overrides; errors name the key and the accepted values."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, clean_env
+
+from {{ cookiecutter.package_name }}.config import (
+    Config,
+    ConfigError,
+    check_resume,
+    load_config,
+    to_toml,
+)
+
+
+def test_default_config_file_matches_the_dataclass():
+    cfg = load_config(REPO / "configs" / "default.toml")
+    assert cfg == Config(), "configs/default.toml should spell out the defaults"
+
+
+def test_overrides_are_typed_by_the_fields(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('max_steps = 5\nlr = 1\nrun_dir = "a"\n')
+    cfg = load_config(path, ["lr=0.5", "compile=true", "run_dir=b", "checkpoint_every=30min"])
+    assert (cfg.max_steps, cfg.lr, cfg.compile, cfg.run_dir) == (5, 0.5, True, "b")
+    assert cfg.checkpoint_every == "30min" and isinstance(cfg.lr, float)
+
+
+def test_unknown_key_names_it_and_lists_accepted_keys():
+    with pytest.raises(ConfigError, match=r"'max_step'.*accepted keys:.*max_steps"):
+        load_config(None, ["max_step=3"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("max_steps=ten", r"'max_steps' expects an integer"),
+        ("max_steps=1.5", r"'max_steps' expects an integer"),
+        ("lr=fast", r"'lr' expects a number"),
+        ("compile=maybe", r"'compile' expects true or false"),
+        ("precision=fp8", r"'precision' must be one of auto, bf16, fp16, fp32"),
+        ("checkpoint_every=often", r"'checkpoint_every' expects a number of steps"),
+        ("keep_checkpoints=1", r"'keep_checkpoints' must be >= 2"),
+        ("batch_size=0", r"'batch_size' must be > 0"),
+        ("max_steps", r"not of the form key=value"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_accepted_form(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_bad_value_in_file_names_the_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('dropout = "high"\n')
+    with pytest.raises(ConfigError, match="'dropout' expects a number"):
+        load_config(path)
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ['run_dir=with "quotes"', "lr=0.25"])
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    assert load_config(tmp_path / "c.toml") == cfg
+
+
+def test_check_resume():
+    saved = Config().__dict__
+    check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
+    with pytest.raises(ConfigError, match="batch_size: 128 -> 64"):
+        check_resume(saved, Config(batch_size=64), 2, 2)
+    with pytest.raises(ConfigError, match="world size: 2 -> 4"):
+        check_resume(saved, Config(), 2, 4)
+    check_resume(saved, Config(batch_size=64, force_resume=True), 2, 4)
+
+
+def test_cli_exit_status_2_and_message_for_config_errors():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "--config",
+            "configs/default.toml",
+            "hiden_dim=3",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "config error" in proc.stderr and "'hiden_dim'" in proc.stderr
+    assert "hidden_dim" in proc.stderr  # the accepted keys are listed

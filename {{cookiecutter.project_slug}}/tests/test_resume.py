@@ -1,0 +1,60 @@
+"""Exact resume on 2 CPU ranks: after kill -9 and after a preemption signal to one rank.
+
+Each interrupted run must end with model and optimizer state bit-identical to the
+uninterrupted reference run (same seeds, same world size, gloo on CPU is deterministic).
+"""
+
+import signal
+
+from conftest import (
+    assert_same_training_state,
+    checkpoint_steps,
+    train_ranks,
+)
+
+FINAL = 200
+
+
+def test_reference_run_finished(reference_run):
+    assert checkpoint_steps(reference_run) == [180, 190, 200]  # keep_checkpoints=3
+    assert (reference_run / "config.toml").exists()
+    assert not (reference_run / "REQUEUE").exists()
+
+
+def test_kill_9_then_same_command_resumes_exactly(reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    ranks = train_ranks(run_dir, tmp_path / "logs1")
+    ranks.wait_for_step(run_dir, 47)  # some arbitrary step, not a checkpoint step
+    assert ranks.running(), "the run finished before it could be killed"
+    ranks.send(signal.SIGKILL)
+    ranks.wait()
+    killed_at = checkpoint_steps(run_dir)
+    assert killed_at and max(killed_at) < FINAL
+
+    again = train_ranks(run_dir, tmp_path / "logs2")
+    assert again.wait() == [0, 0], again.log(0)[-3000:]
+    assert "RESUMING" in again.log(0)
+    assert_same_training_state(reference_run, run_dir, FINAL)
+
+
+def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    extra = ["checkpoint_every=0"]  # no periodic checkpoints: the only one is the preemption's
+    ranks = train_ranks(run_dir, tmp_path / "logs1", extra)
+    ranks.wait_for_step(run_dir, 30)
+    assert ranks.running()
+    ranks.send(signal.SIGUSR2, ranks=[1])
+    assert ranks.wait() == [3, 3], ranks.log(0)[-3000:]
+
+    steps = checkpoint_steps(run_dir)
+    assert len(steps) == 1 and 30 <= steps[0] < FINAL
+    marker = (run_dir / "REQUEUE").read_text()
+    assert marker.startswith(f"step {steps[0]}:")
+    for rank in (0, 1):
+        assert f"stopping at step {steps[0]}" in ranks.log(rank)
+    assert f"signal {int(signal.SIGUSR2)}" in ranks.log(1)
+
+    again = train_ranks(run_dir, tmp_path / "logs2", extra)
+    assert again.wait() == [0, 0], again.log(0)[-3000:]
+    assert not (run_dir / "REQUEUE").exists()
+    assert_same_training_state(reference_run, run_dir, FINAL)
