@@ -89,7 +89,7 @@ CONTAINER_JOB = dedent(
     srun_args+=(--environment="${PWD}/container/edf.toml")
     srun "${srun_args[@]}" bash -c 'exec python -m app "$@"' bash \\
         --config configs/default.toml
-    srun --environment=./container/edf.toml --ntasks=1 \\
+    srun "${srun_args[@]}" --ntasks=1 \\
         python -c 'print("done")'
     """
 )
@@ -426,6 +426,22 @@ def test_relative_paths(lint, key, value, message):
     status, report = lint({"container/edf.toml": edf + "\n"}, "container/edf.toml")
     number = 2 if key == "image" else 10
     assert f"container/edf.toml:{number}: EDF-RELPATH: {message}" in report
+
+
+@pytest.mark.parametrize(
+    ("image", "base"),
+    [
+        ("nvcr.io#nvidia/pytorch:25.06-py3", "ngc"),
+        ("nvcr.io/nvidia/pytorch:25.11-py3", "ngc"),
+        ("ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:26.02-py3-alps6", "alps-extended"),
+        ("jfrog.svc.cscs.ch/csstaff/alps-images/ngc-pytorch:26.02-py3", "alps-extended"),
+        ("registry.example.org/me/my-pytorch:26.02-py3-alps6", "alps-extended"),
+        ("localhost:5000/alps:latest", "other"),
+        ("ubuntu:24.04", "other"),
+    ],
+)
+def test_classify_image(image, base):
+    assert alps_lint.classify_image(image) == base
 
 
 def test_remote_ngc_image_needs_no_dockerfile(lint):
