@@ -457,8 +457,23 @@ def test_marker_decides_without_dockerfile(lint):
     status, report = lint(files, "container/edf.toml")
     assert report == [
         'container/edf.toml:1: EDF-OFI: com.hooks.aws_ofi_nccl.enabled = "true" is missing '
-        "for image (base image unknown)"
+        "for a non-Extended image (base image unknown)"
     ]
+
+
+def test_annotations_may_come_from_a_base_environment(lint):
+    """Keys missing from an EDF with base_environment may be inherited: not reported; wrong
+    values still are."""
+    edf = 'base_environment = "alps-base"\nimage = "nvcr.io#nvidia/pytorch:25.06-py3"\n'
+    assert lint({"container/edf.toml": edf}, "container/edf.toml") == (0, [])
+    edf += '[annotations]\ncom.hooks.aws_ofi_nccl.enabled = "false"\n'
+    assert lint({"container/edf.toml": edf}, "container/edf.toml") == (
+        1,
+        [
+            'container/edf.toml:4: EDF-OFI: com.hooks.aws_ofi_nccl.enabled = "true" is missing '
+            "for an NGC image (image nvcr.io#nvidia/pytorch:25.06-py3)"
+        ],
+    )
 
 
 def test_uenv_snippet_from_a_sourced_file(lint):

@@ -243,7 +243,11 @@ BASE_MARKER_RE = re.compile(
 WHOLE_HOME_RE = re.compile(r"^(?:~|\$\{?HOME\}?|/users(?:/[^/]+)?)$")
 OFI = "com.hooks.aws_ofi_nccl.enabled"
 CXI = "com.hooks.cxi.enabled"
-BASE_NAMES = {"alps-extended": "an Alps Extended Image", "ngc": "an NGC image", "other": "image"}
+BASE_NAMES = {
+    "alps-extended": "an Alps Extended Image",
+    "ngc": "an NGC image",
+    "other": "a non-Extended image",
+}
 
 
 def is_edf(path: Path, text: str) -> bool:
@@ -514,6 +518,13 @@ def check_edf(display: str, path: Path, text: str, root: Path) -> list[Finding]:
     annotations = flatten(annotations)
     ofi = str(annotations.get(OFI, "")).lower() == "true"
     image_line = line_of("image") if "image" in data else 1
+
+    def wrong(key: str, table: dict, good: object) -> bool:
+        """key set to another value than good, or missing (unless a base_environment may set it)."""
+        if key in table:
+            return str(table[key]).lower() != str(good).lower()
+        return "base_environment" not in data
+
     if base == "alps-extended":
         if ofi:
             report(
@@ -521,21 +532,21 @@ def check_edf(display: str, path: Path, text: str, root: Path) -> list[Finding]:
                 "EDF-EXT-OFI",
                 f"{OFI} with an Alps Extended Image ({how}): remove it",
             )
-        if str(annotations.get(CXI, "")).lower() != "false":
+        if wrong(CXI, annotations, "false"):
             line = line_of(f"annotations.{CXI}") if CXI in annotations else image_line
             report(
                 line,
                 "EDF-EXT-CXI",
                 f'an Alps Extended Image ({how}) needs {CXI} = "false"',
             )
-        if data.get("entrypoint") is not True:
+        if wrong("entrypoint", data, True):
             line = line_of("entrypoint") if "entrypoint" in data else image_line
             report(
                 line,
                 "EDF-EXT-ENTRYPOINT",
                 f"an Alps Extended Image ({how}) needs entrypoint = true",
             )
-    elif not ofi:
+    elif wrong(OFI, annotations, "true"):
         line = line_of(f"annotations.{OFI}") if OFI in annotations else image_line
         report(
             line,
