@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ANSWERS: dict = json.loads({{ cookiecutter | tojson | tojson }})
+ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
 # Files that belong to one flavour only ("both" keeps them all).
 FLAVOUR_FILES = {
@@ -58,21 +58,29 @@ def stripe_lustre(answers: dict) -> None:
     dirs = lustre_dirs(answers)
     resolved = [os.path.expandvars(d) for d in dirs]
     if shutil.which("lfs") and not any("$" in d for d in resolved):
-        result = subprocess.run(["bash", "scripts/stripe_lustre.sh", *resolved], check=False)
+        result = subprocess.run(
+            ["bash", "scripts/stripe_lustre.sh", *resolved], check=False
+        )
         if result.returncode == 0:
             return
-        print("warning: striping failed; run scripts/stripe_lustre.sh later", file=sys.stderr)
+        print(
+            "warning: striping failed; run scripts/stripe_lustre.sh later",
+            file=sys.stderr,
+        )
         return
     print("Lustre striping not applied here (no lfs: not on Alps). On Alps, run")
     print("  scripts/stripe_lustre.sh")
     print("which creates and stripes these directories:")
     for d in dirs:
-        print(f"  mkdir -p \"{d}\" && lfs setstripe {LUSTRE_LAYOUT} \"{d}\"")
+        print(f'  mkdir -p "{d}" && lfs setstripe {LUSTRE_LAYOUT} "{d}"')
 
 
 def inside_git_work_tree() -> bool:
     result = subprocess.run(
-        ["git", "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True, check=False
+        ["git", "rev-parse", "--is-inside-work-tree"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return result.returncode == 0 and result.stdout.strip() == "true"
 
@@ -81,7 +89,9 @@ def git_init(answers: dict) -> None:
     if answers["git_init"] != "yes":
         return
     if shutil.which("git") is None:
-        print("git not found: skipped git init (run it yourself later)", file=sys.stderr)
+        print(
+            "git not found: skipped git init (run it yourself later)", file=sys.stderr
+        )
         return
     if inside_git_work_tree():  # a re-run, or generated inside another repository
         return
@@ -90,13 +100,24 @@ def git_init(answers: dict) -> None:
         ["git", "config", "user.email"], capture_output=True, text=True, check=False
     ).stdout.strip()
     if not has_email:  # no git identity configured: commit as the template's author
-        identity = ["-c", f"user.name={answers['author_name']}",
-                    "-c", f"user.email={answers['author_email']}"]
+        identity = [
+            "-c",
+            f"user.name={answers['author_name']}",
+            "-c",
+            f"user.email={answers['author_email']}",
+        ]
     subprocess.run(["git", "init", "--quiet", "--initial-branch=main"], check=True)
     subprocess.run(["git", "add", "--all"], check=True)
     subprocess.run(
-        ["git", *identity, "commit", "--quiet", "--no-verify",
-         "-m", "Initial commit from alps-torch-template"],
+        [
+            "git",
+            *identity,
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "-m",
+            "Initial commit from alps-torch-template",
+        ],
         check=True,
     )
 
@@ -139,8 +160,12 @@ def main() -> int:
     git_init(ANSWERS)
     if generated_by_cruft(ANSWERS) and ANSWERS["git_init"] == "yes":
         # cruft writes .cruft.json after this hook has run (cruft #155).
-        print("cruft writes .cruft.json after this first commit; commit it before `cruft update`:")
-        print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")
+        print(
+            "cruft writes .cruft.json after this first commit; commit it before `cruft update`:"
+        )
+        print(
+            "  git add .cruft.json && git commit -m 'Record the template version (cruft)'"
+        )
     return 0
 
 

@@ -13,7 +13,7 @@ import keyword
 import re
 import sys
 
-ANSWERS: dict = json.loads({{ cookiecutter | tojson | tojson }})
+ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
 CHOICES = {
     "cluster": ("clariden", "daint", "santis"),
@@ -33,32 +33,50 @@ FREE_TEXT = {"project_name": 100, "description": 300, "author_name": 100}
 # syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path.
 _VAR = r"\$\{[A-Z_][A-Z0-9_]*\}"
 PATH_RE = re.compile(rf"^(?:/|{_VAR})(?:[A-Za-z0-9_.+@/-]|{_VAR})*$")
-PATH_FORM = "an absolute path or one starting with ${VAR}, e.g. ${SCRATCH}/ce-images; " \
+PATH_FORM = (
+    "an absolute path or one starting with ${VAR}, e.g. ${SCRATCH}/ce-images; "
     "letters, digits, _ . + @ - / and ${VAR} only"
+)
 
 PATTERNS: dict[str, tuple[str, str]] = {
-    "project_slug": (r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$",
-                     "lowercase letters and digits in words joined by '-', e.g. my-project"),
-    "package_name": (r"^[a-z][a-z0-9_]*$",
-                     "a lowercase Python identifier, e.g. my_project"),
-    "author_email": (r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$",
-                     "an e-mail address, e.g. ada@example.org"),
-    "account": (r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})?$",
-                "empty (your default account) or a Slurm account such as a-g34 or g34"),
-    "partition": (r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
-                  "a Slurm partition name such as normal or debug"),
+    "project_slug": (
+        r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$",
+        "lowercase letters and digits in words joined by '-', e.g. my-project",
+    ),
+    "package_name": (
+        r"^[a-z][a-z0-9_]*$",
+        "a lowercase Python identifier, e.g. my_project",
+    ),
+    "author_email": (
+        r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$",
+        "an e-mail address, e.g. ada@example.org",
+    ),
+    "account": (
+        r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})?$",
+        "empty (your default account) or a Slurm account such as a-g34 or g34",
+    ),
+    "partition": (
+        r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        "a Slurm partition name such as normal or debug",
+    ),
     "ngc_pytorch_tag": (r"^\d{2}\.\d{2}$", "an NGC release YY.MM, e.g. 25.06"),
-    "alps_extended_tag": (r"^\d{2}\.\d{2}-py3-alps\d+$",
-                          "YY.MM-py3-alpsN, e.g. 26.02-py3-alps6"),
-    "uenv_image": (r"^[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._+-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$",
-                   "a uenv label name/version[:tag], e.g. pytorch/v2.9.1:v1"),
+    "alps_extended_tag": (
+        r"^\d{2}\.\d{2}-py3-alps\d+$",
+        "YY.MM-py3-alpsN, e.g. 26.02-py3-alps6",
+    ),
+    "uenv_image": (
+        r"^[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._+-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        "a uenv label name/version[:tag], e.g. pytorch/v2.9.1:v1",
+    ),
     "nodes": (r"^[1-9][0-9]{0,3}$", "a whole number of nodes from 1 to 9999"),
     "image_dir": (PATH_RE.pattern, PATH_FORM),
     "data_dir": (PATH_RE.pattern, PATH_FORM),
     "checkpoint_dir": (PATH_RE.pattern, PATH_FORM),
 }
 
-TIME_FORM = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (not zero)"
+TIME_FORM = (
+    "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (not zero)"
+)
 _TIME_RE = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
     r"|(?P<a>\d+)(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)$"
@@ -116,11 +134,21 @@ def validate(answers: dict) -> list[str]:
         if not re.fullmatch(pattern, str(answers.get(field, ""))):
             bad(field, form)
     package = str(answers.get("package_name", ""))
-    if keyword.iskeyword(package) or package in sys.stdlib_module_names or package in {
-        "torch", "numpy", "tests",
-    }:
-        bad("package_name", "a name that does not shadow a keyword, the standard library, "
-            "torch or numpy")
+    if (
+        keyword.iskeyword(package)
+        or package in sys.stdlib_module_names
+        or package
+        in {
+            "torch",
+            "numpy",
+            "tests",
+        }
+    ):
+        bad(
+            "package_name",
+            "a name that does not shadow a keyword, the standard library, "
+            "torch or numpy",
+        )
     if len(str(answers.get("project_slug", ""))) > 64:
         bad("project_slug", "at most 64 characters (it is the Slurm job name)")
     problem = time_limit_error(str(answers.get("time_limit", "")))
@@ -134,8 +162,10 @@ def main() -> int:
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
     if errors:
-        print("Nothing was generated. Run cookiecutter again with corrected answers.",
-              file=sys.stderr)
+        print(
+            "Nothing was generated. Run cookiecutter again with corrected answers.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

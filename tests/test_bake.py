@@ -35,7 +35,8 @@ def generated_files(root: Path) -> set[str]:
     return {
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.is_file() and ".git" not in p.relative_to(root).parts
+        if p.is_file()
+        and ".git" not in p.relative_to(root).parts
         and "__pycache__" not in p.parts
     }
 
@@ -65,9 +66,16 @@ def test_exact_file_set(baked):
     # the flavour files are decided here, whatever the template directory holds
     assert (CONTAINER_FILES <= files) == (flavour in ("container", "both"))
     assert (UENV_FILES <= files) == (flavour in ("uenv", "both"))
-    for always in ("README.md", "pyproject.toml", ".gitignore", "configs/default.toml",
-                   "scripts/setup_venv.sh", "scripts/stripe_lustre.sh", "logs/.gitkeep",
-                   f"src/{package}/__main__.py"):
+    for always in (
+        "README.md",
+        "pyproject.toml",
+        ".gitignore",
+        "configs/default.toml",
+        "scripts/setup_venv.sh",
+        "scripts/stripe_lustre.sh",
+        "logs/.gitkeep",
+        f"src/{package}/__main__.py",
+    ):
         assert always in files
 
 
@@ -94,7 +102,9 @@ def test_toml_files_parse(baked):
 
 def shell_scripts(path: Path) -> list[Path]:
     return sorted(
-        p for p in path.rglob("*") if p.suffix in {".sh", ".sbatch"} and ".git" not in p.parts
+        p
+        for p in path.rglob("*")
+        if p.suffix in {".sh", ".sbatch"} and ".git" not in p.parts
     )
 
 
@@ -105,7 +115,9 @@ def test_scripts_parse_and_pass_shellcheck(baked):
     for script in scripts:
         run(["bash", "-n", str(script)], cwd=path)
         assert script.read_text().startswith("#!/bin/bash\n"), script
-    run(["shellcheck", "--shell=bash", "--severity=style", *map(str, scripts)], cwd=path)
+    run(
+        ["shellcheck", "--shell=bash", "--severity=style", *map(str, scripts)], cwd=path
+    )
 
 
 def test_scripts_are_executable(baked):
@@ -140,7 +152,9 @@ def test_job_scripts_follow_answers(baked):
             assert d["account"] == a["account"]
         assert d["output"] == "logs/slurm-%x-%j.log"
         assert (path / "logs").is_dir()
-        assert d["signal"] == "USR2@180" and "requeue" in d and d["open-mode"] == "append"
+        assert (
+            d["signal"] == "USR2@180" and "requeue" in d and d["open-mode"] == "append"
+        )
         assert "environment" not in d  # never #SBATCH --environment
         assert "ulimit -c 0" in text
         assert 'scontrol requeue "${SLURM_JOB_ID}"' in text
@@ -157,7 +171,7 @@ def test_job_scripts_follow_answers(baked):
         )
         # the uenv NCCL/libfabric snippet belongs to uenv jobs only (the CE hook sets its own)
         assert ('export NCCL_NET="AWS Libfabric"' in text) == uenv
-        assert ("TRITON_HOME=\"/dev/shm" in text) == uenv
+        assert ('TRITON_HOME="/dev/shm' in text) == uenv
         assert ("--environment=" in text) == (not uenv)
         extended = a["container_base"] == "alps-extended"
         assert ("--mpi=pmix" in text) == (not uenv and extended)
@@ -176,7 +190,9 @@ def test_edf_matches_base_image(baked):
     assert edf["image"] == f"{a['image_dir']}/{path.name}+{tag}.sqsh"
     assert edf["workdir"] == "${PWD}"
     assert "${PWD}" in edf["mounts"]
-    assert not any(m.rstrip("/") in ("${HOME}", "/users", "$HOME") for m in edf["mounts"])
+    assert not any(
+        m.rstrip("/") in ("${HOME}", "/users", "$HOME") for m in edf["mounts"]
+    )
     assert edf["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert edf["env"]["MPICH_GPU_SUPPORT_ENABLED"] == "0"
     assert not any(k.startswith(("NCCL_NET", "FI_CXI")) for k in edf["env"])
@@ -188,10 +204,14 @@ def test_edf_matches_base_image(baked):
         assert edf["env"]["PMIX_MCA_psec"] == "native"
     else:
         assert edf.get("entrypoint", False) is False
-        assert ann["com"]["hooks"]["aws_ofi_nccl"] == {"enabled": "true", "variant": "cuda-dl"}
+        assert ann["com"]["hooks"]["aws_ofi_nccl"] == {
+            "enabled": "true",
+            "variant": "cuda-dl",
+        }
     dockerfile = (path / "Dockerfile").read_text()
     expected_from = (
-        f"FROM ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:{tag}" if extended
+        f"FROM ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:{tag}"
+        if extended
         else f"FROM nvcr.io/nvidia/pytorch:{tag}-py3"
     )
     assert expected_from in dockerfile.splitlines()
@@ -213,7 +233,9 @@ def test_git_init(baked):
         log = run(["git", "log", "--oneline"], cwd=path).stdout.splitlines()
         assert len(log) == 1
         assert run(["git", "status", "--porcelain"], cwd=path).stdout == ""
-        assert run(["git", "branch", "--show-current"], cwd=path).stdout.strip() == "main"
+        assert (
+            run(["git", "branch", "--show-current"], cwd=path).stdout.strip() == "main"
+        )
     else:
         assert not (path / ".git").exists()
 
@@ -221,9 +243,17 @@ def test_git_init(baked):
 def test_build_image_dry_run_prints_the_pipeline(bake):
     path = bake("both-extended-srun")
     env_home = path.parent / "home-dry-run"
-    proc = run(["bash", "scripts/build_image.sh"], cwd=path,
-               env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "SCRATCH": "/scratch/u",
-                    "HOME": str(env_home), "USER": "u"})
+    proc = run(
+        ["bash", "scripts/build_image.sh"],
+        cwd=path,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DRY_RUN": "1",
+            "SCRATCH": "/scratch/u",
+            "HOME": str(env_home),
+            "USER": "u",
+        },
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
     sqsh = "/scratch/u/ce-images/alps-torch-project+26.02-py3-alps6.sqsh"
     assert lines == [
@@ -247,8 +277,11 @@ def test_striping_layout_is_current_and_consistent(bake, tmp_path):
     assert f'LUSTRE_LAYOUT = "{layout}"' in hook
     assert "-c -1" not in script.replace("-E -1 -c 32", "")
     # off Alps (no lfs) the script prints the exact commands and fails nothing
-    proc = run(["bash", "scripts/stripe_lustre.sh", str(tmp_path / "a b")], cwd=path,
-               env={"PATH": "/usr/bin:/bin"})
+    proc = run(
+        ["bash", "scripts/stripe_lustre.sh", str(tmp_path / "a b")],
+        cwd=path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert f"lfs setstripe {layout} '{tmp_path}/a b'" in proc.stderr
 
 
@@ -261,8 +294,11 @@ def test_striping_applied_with_lfs(bake, tmp_path):
     (fake_bin / "lfs").write_text(f'#!/bin/bash\necho "$*" >> "{calls}"\n')
     (fake_bin / "lfs").chmod(0o755)
     target = tmp_path / "data"
-    run(["bash", "scripts/stripe_lustre.sh", str(target)], cwd=path,
-        env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    run(
+        ["bash", "scripts/stripe_lustre.sh", str(target)],
+        cwd=path,
+        env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
+    )
     assert target.is_dir()
     assert calls.read_text().splitlines()[0] == (
         f"setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M {target}"
@@ -274,20 +310,29 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     path = bake("uenv-torchrun")
     work = tmp_path / "repo"
     shutil.copytree(path, work)
-    proc = run(["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, timeout=600)
+    proc = run(
+        ["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, timeout=600
+    )
     venv = work / ".venv-uenv"
     assert "torch" in proc.stdout and str(venv) not in proc.stdout.split("from", 1)[1]
     constraint = (venv / "torch-constraint.txt").read_text().strip()
     assert constraint.startswith("torch==")
     out = subprocess.run(
-        [str(venv / "bin/python"), "-c",
-         "import torch, sys, alps_torch_project as p; print(torch.__file__); print(p.__file__)"],
-        capture_output=True, text=True, check=True,
+        [
+            str(venv / "bin/python"),
+            "-c",
+            "import torch, sys, alps_torch_project as p; print(torch.__file__); print(p.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
     assert not out[0].startswith(str(venv))  # torch not reinstalled into the venv
     assert out[1].startswith(str(work / "src"))  # the project is installed editable
     # a flavour that this repo does not have is refused
-    bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
+    bad = run(
+        ["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False
+    )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
@@ -311,10 +356,16 @@ REPO_PATH = re.compile(
 def test_no_dangling_references(baked):
     """README, docs and scripts only mention repository files that were generated."""
     name, path = baked
-    texts = [path / "README.md", *path.glob("docs/*.md"), *path.glob("scripts/*.sh"),
-             *path.glob("jobs/*.sbatch")]
+    texts = [
+        path / "README.md",
+        *path.glob("docs/*.md"),
+        *path.glob("scripts/*.sh"),
+        *path.glob("jobs/*.sbatch"),
+    ]
     for text_file in texts:
         for ref in set(REPO_PATH.findall(text_file.read_text())):
             if "<" in ref or "*" in ref:
                 continue
-            assert (path / ref).exists(), f"{name}: {text_file.name} mentions missing {ref}"
+            assert (path / ref).exists(), (
+                f"{name}: {text_file.name} mentions missing {ref}"
+            )

@@ -15,9 +15,19 @@ def cookiecutter(out: Path, **answers: str) -> subprocess.CompletedProcess:
     """Run the cookiecutter CLI as a user would, non-interactively."""
     args = [f"{k}={v}" for k, v in answers.items()]
     return subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(out), str(TEMPLATE_DIR),
-         *args],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-o",
+            str(out),
+            str(TEMPLATE_DIR),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -32,7 +42,7 @@ BAD_ANSWERS = [
     ("package_name", "class", "does not shadow"),
     ("project_name", "two\nlines", "no newlines"),
     ("description", "tab\there", "no newlines, tabs"),
-    ("description", "emoji \U0001F600", "printable characters"),
+    ("description", "emoji \U0001f600", "printable characters"),
     ("author_name", "", "one line of at most 100"),
     ("author_email", "not-an-email", "e-mail address"),
     ("author_email", 'a"@b.org', "e-mail address"),
@@ -64,44 +74,64 @@ BAD_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value", "form"), BAD_ANSWERS,
-                         ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_ANSWERS)])
+@pytest.mark.parametrize(
+    ("field", "value", "form"),
+    BAD_ANSWERS,
+    ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_ANSWERS)],
+)
 def test_bad_answer_is_refused_and_leaves_nothing(tmp_path, field, value, form):
     out = tmp_path / "out"
     proc = cookiecutter(out, **{field: value})
     assert proc.returncode != 0
-    if field in CHOICE_FIELDS:  # cookiecutter itself refuses a value outside the choices
+    if (
+        field in CHOICE_FIELDS
+    ):  # cookiecutter itself refuses a value outside the choices
         assert f"{value} provided for choice variable {field}" in proc.stderr
         assert form.removeprefix("one of ").split(", ")[0] in proc.stderr
     else:
         message = f"error: {field} = {value!r} is invalid: expected "
         assert message in proc.stderr, proc.stderr[-3000:]
-        line = next(x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = "))
+        line = next(
+            x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = ")
+        )
         assert form in line
-    assert not out.exists() or not any(out.iterdir()), "a half-generated repo was left behind"
+    assert not out.exists() or not any(out.iterdir()), (
+        "a half-generated repo was left behind"
+    )
 
 
 def test_all_errors_reported_at_once(tmp_path):
     proc = cookiecutter(tmp_path / "out", nodes="0", time_limit="x", account="a b")
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
-    assert {e.split(" = ")[0] for e in errors} == {"error: nodes", "error: time_limit",
-                                                   "error: account"}
+    assert {e.split(" = ")[0] for e in errors} == {
+        "error: nodes",
+        "error: time_limit",
+        "error: account",
+    }
 
 
-@pytest.mark.parametrize("limit", ["30", "90:00", "01:00:00", "1-0", "1-12:00", "2-00:00:00"])
+@pytest.mark.parametrize(
+    "limit", ["30", "90:00", "01:00:00", "1-0", "1-12:00", "2-00:00:00"]
+)
 def test_slurm_time_forms_accepted(tmp_path, limit):
     proc = cookiecutter(tmp_path / "out", time_limit=limit, git_init="no")
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-HOSTILE = "Ada's \"model\" $(touch pwned) `touch pwned2`; rm -rf / \\ & <b> {x}"
+HOSTILE = 'Ada\'s "model" $(touch pwned) `touch pwned2`; rm -rf / \\ & <b> {x}'
 
 
 def test_free_text_is_rendered_safely(tmp_path):
     """Quotes, $(), backticks, ; and backslashes in free text stay inert data."""
     out = tmp_path / "out"
-    proc = cookiecutter(out, project_name=HOSTILE, description=HOSTILE, author_name=HOSTILE,
-                        env_flavour="both", git_init="yes")
+    proc = cookiecutter(
+        out,
+        project_name=HOSTILE,
+        description=HOSTILE,
+        author_name=HOSTILE,
+        env_flavour="both",
+        git_init="yes",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (repo,) = out.iterdir()
     # the slug is derived safely from the name
@@ -117,8 +147,10 @@ def test_free_text_is_rendered_safely(tmp_path):
     assert not list(tmp_path.rglob("pwned*")) and not Path("pwned").exists()
     # git got the hostile author name as data too
     author = run(["git", "log", "-1", "--format=%an"], cwd=repo).stdout.strip()
-    assert author in (HOSTILE, run(["git", "config", "user.name"], cwd=repo,
-                                   check=False).stdout.strip())
+    assert author in (
+        HOSTILE,
+        run(["git", "config", "user.name"], cwd=repo, check=False).stdout.strip(),
+    )
 
 
 def test_replayed_answers_are_validated_too(tmp_path):
@@ -128,18 +160,34 @@ def test_replayed_answers_are_validated_too(tmp_path):
     # the replay context: the template defaults, with one choice broken
     defaults = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())
     context = {k: (v[0] if isinstance(v, list) else v) for k, v in defaults.items()}
-    context.update(project_slug="alps-torch-project", package_name="alps_torch_project",
-                   checkpoint_dir="${SCRATCH}/runs", data_dir="${SCRATCH}/data",
-                   cluster="eiger")
+    context.update(
+        project_slug="alps-torch-project",
+        package_name="alps_torch_project",
+        checkpoint_dir="${SCRATCH}/runs",
+        data_dir="${SCRATCH}/data",
+        cluster="eiger",
+    )
     replay_file = tmp_path / "replay.json"
     replay_file.write_text(json.dumps({"cookiecutter": context}))
     out2 = tmp_path / "out2"
     proc = subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--replay-file", str(replay_file), "-o", str(out2),
-         str(TEMPLATE_DIR)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--replay-file",
+            str(replay_file),
+            "-o",
+            str(out2),
+            str(TEMPLATE_DIR),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
-    assert ("error: cluster = 'eiger' is invalid: expected one of clariden, daint, santis"
-            in proc.stderr)
+    assert (
+        "error: cluster = 'eiger' is invalid: expected one of clariden, daint, santis"
+        in proc.stderr
+    )
     assert not out2.exists() or not any(out2.iterdir())
