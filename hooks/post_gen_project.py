@@ -58,9 +58,7 @@ def stripe_lustre(answers: dict) -> None:
     dirs = lustre_dirs(answers)
     resolved = [os.path.expandvars(d) for d in dirs]
     if shutil.which("lfs") and not any("$" in d for d in resolved):
-        result = subprocess.run(
-            ["bash", "scripts/stripe_lustre.sh", *resolved], check=False
-        )
+        result = subprocess.run(["bash", "scripts/stripe_lustre.sh", *resolved], check=False)
         if result.returncode == 0:
             return
         print(
@@ -89,9 +87,7 @@ def git_init(answers: dict) -> None:
     if answers["git_init"] != "yes":
         return
     if shutil.which("git") is None:
-        print(
-            "git not found: skipped git init (run it yourself later)", file=sys.stderr
-        )
+        print("git not found: skipped git init (run it yourself later)", file=sys.stderr)
         return
     if inside_git_work_tree():  # a re-run, or generated inside another repository
         return
@@ -160,12 +156,8 @@ def main() -> int:
     git_init(ANSWERS)
     if generated_by_cruft(ANSWERS) and ANSWERS["git_init"] == "yes":
         # cruft writes .cruft.json after this hook has run (cruft #155).
-        print(
-            "cruft writes .cruft.json after this first commit; commit it before `cruft update`:"
-        )
-        print(
-            "  git add .cruft.json && git commit -m 'Record the template version (cruft)'"
-        )
+        print("cruft writes .cruft.json after this first commit; commit it before `cruft update`:")
+        print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")
     return 0
 
 

@@ -74,9 +74,7 @@ PATTERNS: dict[str, tuple[str, str]] = {
     "checkpoint_dir": (PATH_RE.pattern, PATH_FORM),
 }
 
-TIME_FORM = (
-    "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (not zero)"
-)
+TIME_FORM = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (not zero)"
 _TIME_RE = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
     r"|(?P<a>\d+)(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)$"
@@ -146,8 +144,7 @@ def validate(answers: dict) -> list[str]:
     ):
         bad(
             "package_name",
-            "a name that does not shadow a keyword, the standard library, "
-            "torch or numpy",
+            "a name that does not shadow a keyword, the standard library, torch or numpy",
         )
     if len(str(answers.get("project_slug", ""))) > 64:
         bad("project_slug", "at most 64 characters (it is the Slurm job name)")

@@ -55,13 +55,9 @@ CONFIGS: dict[str, dict[str, str]] = {
 
 def clean_env() -> dict[str, str]:
     """Environment for commands run inside a baked repo: no outer venv leaks in."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}
-    }
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
     # keep the interpreter running the tests first on PATH (it has torch installed)
-    env["PATH"] = os.pathsep.join(
-        [str(Path(sys.executable).parent), env.get("PATH", "")]
-    )
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
@@ -91,9 +87,7 @@ def bake(cookies_session):
 
     def _bake(name: str) -> Path:
         if name not in cache:
-            result = cookies_session.bake(
-                extra_context=CONFIGS[name], template=str(TEMPLATE_DIR)
-            )
+            result = cookies_session.bake(extra_context=CONFIGS[name], template=str(TEMPLATE_DIR))
             assert result.exception is None, f"{name}: {result.exception!r}"
             assert result.exit_code == 0
             cache[name] = Path(result.project_path)

@@ -35,9 +35,7 @@ def generated_files(root: Path) -> set[str]:
     return {
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.is_file()
-        and ".git" not in p.relative_to(root).parts
-        and "__pycache__" not in p.parts
+        if p.is_file() and ".git" not in p.relative_to(root).parts and "__pycache__" not in p.parts
     }
 
 
@@ -102,9 +100,7 @@ def test_toml_files_parse(baked):
 
 def shell_scripts(path: Path) -> list[Path]:
     return sorted(
-        p
-        for p in path.rglob("*")
-        if p.suffix in {".sh", ".sbatch"} and ".git" not in p.parts
+        p for p in path.rglob("*") if p.suffix in {".sh", ".sbatch"} and ".git" not in p.parts
     )
 
 
@@ -115,9 +111,7 @@ def test_scripts_parse_and_pass_shellcheck(baked):
     for script in scripts:
         run(["bash", "-n", str(script)], cwd=path)
         assert script.read_text().startswith("#!/bin/bash\n"), script
-    run(
-        ["shellcheck", "--shell=bash", "--severity=style", *map(str, scripts)], cwd=path
-    )
+    run(["shellcheck", "--shell=bash", "--severity=style", *map(str, scripts)], cwd=path)
 
 
 def test_scripts_are_executable(baked):
@@ -152,9 +146,7 @@ def test_job_scripts_follow_answers(baked):
             assert d["account"] == a["account"]
         assert d["output"] == "logs/slurm-%x-%j.log"
         assert (path / "logs").is_dir()
-        assert (
-            d["signal"] == "USR2@180" and "requeue" in d and d["open-mode"] == "append"
-        )
+        assert d["signal"] == "USR2@180" and "requeue" in d and d["open-mode"] == "append"
         assert "environment" not in d  # never #SBATCH --environment
         assert "ulimit -c 0" in text
         assert 'scontrol requeue "${SLURM_JOB_ID}"' in text
@@ -190,9 +182,7 @@ def test_edf_matches_base_image(baked):
     assert edf["image"] == f"{a['image_dir']}/{path.name}+{tag}.sqsh"
     assert edf["workdir"] == "${PWD}"
     assert "${PWD}" in edf["mounts"]
-    assert not any(
-        m.rstrip("/") in ("${HOME}", "/users", "$HOME") for m in edf["mounts"]
-    )
+    assert not any(m.rstrip("/") in ("${HOME}", "/users", "$HOME") for m in edf["mounts"])
     assert edf["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert edf["env"]["MPICH_GPU_SUPPORT_ENABLED"] == "0"
     assert not any(k.startswith(("NCCL_NET", "FI_CXI")) for k in edf["env"])
@@ -233,9 +223,7 @@ def test_git_init(baked):
         log = run(["git", "log", "--oneline"], cwd=path).stdout.splitlines()
         assert len(log) == 1
         assert run(["git", "status", "--porcelain"], cwd=path).stdout == ""
-        assert (
-            run(["git", "branch", "--show-current"], cwd=path).stdout.strip() == "main"
-        )
+        assert run(["git", "branch", "--show-current"], cwd=path).stdout.strip() == "main"
     else:
         assert not (path / ".git").exists()
 
@@ -310,9 +298,7 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     path = bake("uenv-torchrun")
     work = tmp_path / "repo"
     shutil.copytree(path, work)
-    proc = run(
-        ["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, timeout=600
-    )
+    proc = run(["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, timeout=600)
     venv = work / ".venv-uenv"
     assert "torch" in proc.stdout and str(venv) not in proc.stdout.split("from", 1)[1]
     constraint = (venv / "torch-constraint.txt").read_text().strip()
@@ -330,9 +316,7 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     assert not out[0].startswith(str(venv))  # torch not reinstalled into the venv
     assert out[1].startswith(str(work / "src"))  # the project is installed editable
     # a flavour that this repo does not have is refused
-    bad = run(
-        ["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False
-    )
+    bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
@@ -366,6 +350,4 @@ def test_no_dangling_references(baked):
         for ref in set(REPO_PATH.findall(text_file.read_text())):
             if "<" in ref or "*" in ref:
                 continue
-            assert (path / ref).exists(), (
-                f"{name}: {text_file.name} mentions missing {ref}"
-            )
+            assert (path / ref).exists(), f"{name}: {text_file.name} mentions missing {ref}"

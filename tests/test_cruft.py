@@ -48,9 +48,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     home.mkdir()
     return {
         **clean_env(),
-        "HOME": str(
-            home
-        ),  # no ~/.gitconfig, ~/.cookiecutterrc or replay files of the user
+        "HOME": str(home),  # no ~/.gitconfig, ~/.cookiecutterrc or replay files of the user
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_AUTHOR_NAME": "Test",
         "GIT_AUTHOR_EMAIL": "test@example.org",
@@ -64,9 +62,7 @@ def git(cwd: Path, env: dict[str, str], *args: str) -> str:
 
 
 def cruft(cwd: Path, env: dict[str, str], *args: str, check: bool = True):
-    return run(
-        [sys.executable, "-m", "cruft", *args], cwd, env=env, timeout=120, check=check
-    )
+    return run([sys.executable, "-m", "cruft", *args], cwd, env=env, timeout=120, check=check)
 
 
 @pytest.fixture
@@ -95,16 +91,12 @@ def commit_template_v2(template: Path, env: dict[str, str]) -> None:
 
 def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
-    assert old in text, (
-        f"{path.name} no longer contains {old!r}: update the test's user edit"
-    )
+    assert old in text, f"{path.name} no longer contains {old!r}: update the test's user edit"
     path.write_text(text.replace(old, new, 1))
 
 
 def changed_paths(project: Path, env: dict[str, str]) -> set[str]:
-    status = run(
-        ["git", "status", "--porcelain", "--untracked-files=all"], project, env=env
-    )
+    status = run(["git", "status", "--porcelain", "--untracked-files=all"], project, env=env)
     return {line[3:] for line in status.stdout.splitlines()}  # "XY path"
 
 
@@ -116,11 +108,7 @@ def leftover_conflicts(project: Path) -> list[str]:
         rel = path.relative_to(project)
         if rel.parts[0] == ".git" or not path.is_file():
             continue
-        if (
-            path.suffix == ".rej"
-            or path.name.endswith(".orig")
-            or marker.search(path.read_bytes())
-        ):
+        if path.suffix == ".rej" or path.name.endswith(".orig") or marker.search(path.read_bytes()):
             found.append(str(rel))
     return found
 
@@ -177,9 +165,7 @@ def test_update_brings_template_change_and_keeps_user_edits(
     head = git(project, env, "rev-parse", "HEAD")
 
     commit_template_v2(template, env)
-    assert (
-        cruft(project, env, "check", check=False).returncode != 0
-    )  # behind the template
+    assert cruft(project, env, "check", check=False).returncode != 0  # behind the template
 
     updated = cruft(project, env, "update", "--skip-apply-ask")
     # the hook ran in cruft's scratch renders without printing, initialising or committing
@@ -228,14 +214,10 @@ def test_link_project_generated_with_plain_cookiecutter(
     ]
     run([*cookiecutter, str(template), *overrides], tmp_path, env=env)
     project = out / SLUG
-    assert (
-        git(project, env, "rev-list", "--count", "HEAD") == "1"
-    )  # plain cookiecutter: as before
+    assert git(project, env, "rev-list", "--count", "HEAD") == "1"  # plain cookiecutter: as before
 
     v1 = git(template, env, "rev-parse", "HEAD")
-    commit_template_v2(
-        template, env
-    )  # the template moved on before the project was linked
+    commit_template_v2(template, env)  # the template moved on before the project was linked
     link = [
         "link",
         "--no-input",
@@ -247,9 +229,7 @@ def test_link_project_generated_with_plain_cookiecutter(
     cruft(project, env, *link, str(template))
     state = json.loads((project / ".cruft.json").read_text())
     assert state["commit"] == v1
-    cruft(
-        project, env, "diff", "--exit-code"
-    )  # linked to the version and answers it came from
+    cruft(project, env, "diff", "--exit-code")  # linked to the version and answers it came from
     git(project, env, "add", ".cruft.json")
     git(
         project,
@@ -272,12 +252,8 @@ def test_link_project_generated_with_plain_cookiecutter(
 def load_post_gen_hook(tmp_path: Path, answers: dict) -> ModuleType:
     """hooks/post_gen_project.py rendered for `answers` and imported (main() does not run)."""
     source = (TEMPLATE_DIR / "hooks" / "post_gen_project.py").read_text()
-    rendered = (
-        tmp_path / f"post_gen_project_{len(list(tmp_path.glob('post_gen_*')))}.py"
-    )
-    rendered.write_text(
-        StrictEnvironment().from_string(source).render(cookiecutter=answers)
-    )
+    rendered = tmp_path / f"post_gen_project_{len(list(tmp_path.glob('post_gen_*')))}.py"
+    rendered.write_text(StrictEnvironment().from_string(source).render(cookiecutter=answers))
     spec = importlib.util.spec_from_file_location(rendered.stem, rendered)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -289,19 +265,13 @@ def test_hook_detects_cruft_scratch_renders_only(tmp_path: Path, monkeypatch):
     plain = load_post_gen_hook(tmp_path, answers)
     under_cruft = load_post_gen_hook(tmp_path, {**answers, "_commit": "0" * 40})
 
-    scratch = Path(
-        tempfile.mkdtemp()
-    )  # where cruft update/diff render: <tmp>/tmpXXXXXXXX/<slug>
+    scratch = Path(tempfile.mkdtemp())  # where cruft update/diff render: <tmp>/tmpXXXXXXXX/<slug>
     try:
         (scratch / SLUG).mkdir()
         monkeypatch.chdir(scratch / SLUG)
         assert under_cruft.cruft_scratch_render(under_cruft.ANSWERS)
-        assert not plain.cruft_scratch_render(
-            plain.ANSWERS
-        )  # plain cookiecutter: never
-        (
-            scratch / "other"
-        ).mkdir()  # an output dir that holds more than the new project
+        assert not plain.cruft_scratch_render(plain.ANSWERS)  # plain cookiecutter: never
+        (scratch / "other").mkdir()  # an output dir that holds more than the new project
         assert not under_cruft.cruft_scratch_render(under_cruft.ANSWERS)
     finally:
         shutil.rmtree(scratch)

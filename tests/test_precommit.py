@@ -29,9 +29,7 @@ def pre_commit_env() -> dict[str, str]:
     """Environment with one PRE_COMMIT_HOME shared by all tests (and kept between sessions)."""
     env = clean_env()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(
-        cache / "pre-commit"
-    )
+    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(cache / "pre-commit")
     return env
 
 
@@ -82,12 +80,8 @@ def test_generated_repo_passes_pre_commit(baked, tmp_path, pre_commit_env):
     proc = pre_commit(repo, pre_commit_env, "--show-diff-on-failure", check=False)
     assert proc.returncode == 0, f"pre-commit failed in {name}:\n{proc.stdout[-8000:]}"
     if CONFIGS[name].get("env_flavour") == "uenv":
-        hadolint = [
-            line for line in proc.stdout.splitlines() if line.startswith("hadolint")
-        ]
-        assert hadolint and hadolint[0].endswith("Skipped"), (
-            "no Dockerfile: hadolint skips"
-        )
+        hadolint = [line for line in proc.stdout.splitlines() if line.startswith("hadolint")]
+        assert hadolint and hadolint[0].endswith("Skipped"), "no Dockerfile: hadolint skips"
 
 
 def test_sbatch_environment_directive_fails_pre_commit(bake, tmp_path, pre_commit_env):

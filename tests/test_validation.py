@@ -83,21 +83,15 @@ def test_bad_answer_is_refused_and_leaves_nothing(tmp_path, field, value, form):
     out = tmp_path / "out"
     proc = cookiecutter(out, **{field: value})
     assert proc.returncode != 0
-    if (
-        field in CHOICE_FIELDS
-    ):  # cookiecutter itself refuses a value outside the choices
+    if field in CHOICE_FIELDS:  # cookiecutter itself refuses a value outside the choices
         assert f"{value} provided for choice variable {field}" in proc.stderr
         assert form.removeprefix("one of ").split(", ")[0] in proc.stderr
     else:
         message = f"error: {field} = {value!r} is invalid: expected "
         assert message in proc.stderr, proc.stderr[-3000:]
-        line = next(
-            x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = ")
-        )
+        line = next(x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = "))
         assert form in line
-    assert not out.exists() or not any(out.iterdir()), (
-        "a half-generated repo was left behind"
-    )
+    assert not out.exists() or not any(out.iterdir()), "a half-generated repo was left behind"
 
 
 def test_all_errors_reported_at_once(tmp_path):
@@ -110,9 +104,7 @@ def test_all_errors_reported_at_once(tmp_path):
     }
 
 
-@pytest.mark.parametrize(
-    "limit", ["30", "90:00", "01:00:00", "1-0", "1-12:00", "2-00:00:00"]
-)
+@pytest.mark.parametrize("limit", ["30", "90:00", "01:00:00", "1-0", "1-12:00", "2-00:00:00"])
 def test_slurm_time_forms_accepted(tmp_path, limit):
     proc = cookiecutter(tmp_path / "out", time_limit=limit, git_init="no")
     assert proc.returncode == 0, proc.stderr[-2000:]
