@@ -1,0 +1,580 @@
+"""A real single-node Slurm on localhost that looks like one CSCS Alps GH200 node.
+
+`SlurmHarness.start()` runs munged, slurmctld and slurmd from the Debian packages
+(tests/slurm/install.sh installs them) with a private configuration under one state directory:
+
+- one node (this host) declared as 4 sockets x 72 cores = 288 CPUs, 4 `gpu` GRES backed by dummy
+  files, ~480 GB of memory; `SlurmdParameters=config_overrides` makes slurmd register that node
+  on a 2-core machine, so Alps resource requests (`--ntasks-per-node=4 --cpus-per-task=72`,
+  `--gpus-per-node=4`, ...) are accepted as written;
+- partitions `normal` (default) and `debug`; no accounting daemon, so any `--account` is accepted;
+- `JobRequeue=1`, a long `MinJobAge` (finished jobs stay visible to `scontrol show job`) and a job
+  completion log (`jobcomp/filetxt`);
+- the SPANK plugin alps_spank.c (compiled here) accepts the Alps options `--uenv`, `--view` and
+  `--environment` and records, per job step, what the step asked for.
+
+Starting is idempotent: a running instance with the same configuration is reused (and then left
+running by `stop()`, which only stops what this process started). Clients must run with
+`SLURM_CONF` pointing at the harness's slurm.conf: use `harness.env()`.
+
+Command line (for debugging by hand):  python3 tests/slurm/harness.py start|stop|status
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_STATE_DIR = Path(
+    os.environ.get("ALPS_SLURM_STATE_DIR", "/tmp/alps-slurm-harness")
+)
+
+REQUIRED_COMMANDS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "scancel",
+    "sinfo",
+    "gcc",
+)
+SPANK_HEADER = Path("/usr/include/slurm/spank.h")
+
+CTLD_PORT = 16817
+SLURMD_PORT = 16818
+
+# the Alps GH200 node (reference: alps-facts.md section 7a)
+NODE_SOCKETS = 4
+NODE_CORES_PER_SOCKET = 72
+NODE_GPUS = 4
+NODE_MEMORY_MB = 480 * 1024
+
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+
+class HarnessUnavailable(RuntimeError):
+    """Slurm cannot be started on this machine (the reason is the message): tests should skip."""
+
+
+def unavailable_reason() -> str | None:
+    """Why the harness cannot run here, or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return "the Slurm harness needs Linux"
+    if os.geteuid() != 0:
+        return "the Slurm harness must run as root (slurmd launches jobs as their user)"
+    missing = [cmd for cmd in REQUIRED_COMMANDS if shutil.which(cmd) is None]
+    if not SPANK_HEADER.exists():
+        missing.append(str(SPANK_HEADER) + " (libslurm-dev)")
+    if missing:
+        return (
+            "Slurm harness: missing "
+            + ", ".join(missing)
+            + "; run tests/slurm/install.sh"
+        )
+    return None
+
+
+@dataclass
+class Job:
+    """A snapshot of `scontrol show job -o`: the fields as a dict, plus a few parsed ones."""
+
+    job_id: int
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        return self.fields.get("JobState", "UNKNOWN")
+
+    @property
+    def restarts(self) -> int:
+        return int(self.fields.get("Restarts", "0"))
+
+    @property
+    def exit_code(self) -> tuple[int, int]:
+        """(exit status, signal) of the batch script, from ExitCode=<status>:<signal>."""
+        status, _, sig = self.fields.get("ExitCode", "0:0").partition(":")
+        return int(status), int(sig or 0)
+
+    @property
+    def stdout(self) -> Path | None:
+        out = self.fields.get("StdOut")
+        return Path(out) if out else None
+
+
+# keys of `scontrol show job -o` whose values may contain spaces; they are parsed by position
+_SHOW_JOB_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def parse_show_job(line: str) -> dict[str, str]:
+    """Parse one `scontrol show job -o` line into {key: value} (values may contain spaces)."""
+    matches = list(_SHOW_JOB_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields.setdefault(match.group(1), line[match.end() : end].strip())
+    return fields
+
+
+class SlurmHarness:
+    """Start, reuse, query and stop the single-node Slurm (see the module docstring)."""
+
+    def __init__(self, state_dir: Path = DEFAULT_STATE_DIR) -> None:
+        self.state_dir = Path(state_dir)
+        self.conf = self.state_dir / "etc" / "slurm.conf"
+        self.spank_log = self.state_dir / "spank-steps.log"
+        self.jobcomp_log = self.state_dir / "jobcomp.log"
+        self.munge_socket = self.state_dir / "munge" / "munge.socket"
+        self.node = socket.gethostname().split(".")[0]
+        self._started: list[
+            tuple[str, Path]
+        ] = []  # (name, pid file) of daemons started here
+
+    # ---------------------------------------------------------------- environment and commands
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """`base` (default: os.environ) with SLURM_CONF set and inherited job variables removed."""
+        env = dict(os.environ if base is None else base)
+        for key in list(env):
+            # a test running inside a Slurm job must not leak that job into its submissions
+            if key.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")):
+                del env[key]
+        env["SLURM_CONF"] = str(self.conf)
+        # a login shell on Alps always has these; job scripts may rely on them (set -u)
+        user = pwd.getpwuid(os.getuid())
+        env.setdefault("USER", user.pw_name)
+        env.setdefault("LOGNAME", user.pw_name)
+        env.setdefault("HOME", user.pw_dir)
+        return env
+
+    def run(
+        self,
+        *cmd: str,
+        check: bool = True,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            list(cmd),
+            env=self.env(env),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    # ---------------------------------------------------------------------------- configuration
+    def _render_config(self) -> dict[Path, str]:
+        s = self.state_dir
+        cpus = NODE_SOCKETS * NODE_CORES_PER_SOCKET
+        dev = s / "dev"
+        slurm_conf = f"""\
+# generated by tests/slurm/harness.py: one Alps-like GH200 node on localhost
+ClusterName=alpstest
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={CTLD_PORT}
+SlurmdPort={SLURMD_PORT}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# cred_expire also delays the restart of a requeued job (default 120 s): keep it short
+AuthInfo=socket={self.munge_socket},cred_expire=10
+CredType=cred/munge
+StateSaveLocation={s}/ctld-state
+SlurmdSpoolDir={s}/slurmd-spool
+SlurmctldPidFile={s}/run/slurmctld.pid
+SlurmdPidFile={s}/run/slurmd.pid
+SlurmctldLogFile={s}/log/slurmctld.log
+SlurmdLogFile={s}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig={s}/etc/plugstack.conf
+# No cgroups in a container. proctrack/pgid signals a task's process group: the task and the
+# children it forks (DataLoader workers), but not processes in a session of their own (torchrun's
+# workers), so torchrun must forward the preemption signal itself, as under proctrack/cgroup
+# with the default SignalChildrenProcesses=no. Bind nothing: the node's CPUs are not real.
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={self.jobcomp_log}
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+# look at pending jobs often: a requeued job becomes eligible without any event to trigger a pass
+SchedulerParameters=sched_interval=2,bf_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+# register the configured (Alps) node, not the hardware of this machine
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobRequeue=1
+# finished jobs stay visible to `scontrol show job` for an hour
+MinJobAge=3600
+KillWait=10
+MailProg=/bin/true
+InactiveLimit=0
+SlurmdTimeout=300
+SlurmctldTimeout=300
+MessageTimeout=30
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Sockets={NODE_SOCKETS} \
+CoresPerSocket={NODE_CORES_PER_SOCKET} ThreadsPerCore=1 RealMemory={NODE_MEMORY_MB} \
+Gres=gpu:{NODE_GPUS} State=UNKNOWN
+PartitionName=normal Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
+"""
+        gres_conf = (
+            "AutoDetect=off\n"
+            f"NodeName={self.node} Name=gpu File={dev}/nvidia[0-{NODE_GPUS - 1}]\n"
+        )
+        plugstack = f"required {s}/lib/alps_spank.so log={self.spank_log}\n"
+        return {
+            s / "etc" / "slurm.conf": slurm_conf,
+            s / "etc" / "gres.conf": gres_conf,
+            s / "etc" / "plugstack.conf": plugstack,
+        }
+
+    def _fingerprint(self, files: dict[Path, str]) -> str:
+        digest = hashlib.sha256()
+        for path in sorted(files):
+            digest.update(str(path).encode() + b"\0" + files[path].encode() + b"\0")
+        digest.update((HERE / "alps_spank.c").read_bytes())
+        return digest.hexdigest()
+
+    # ------------------------------------------------------------------------------ life cycle
+    def is_up(self) -> bool:
+        """slurmctld answers and the node is usable."""
+        if not self.conf.exists():
+            return False
+        try:
+            ping = self.run("scontrol", "ping", check=False, timeout=15)
+            if ping.returncode != 0 or "UP" not in ping.stdout:
+                return False
+            state = self.run(
+                "sinfo", "-h", "-n", self.node, "-o", "%T", check=False, timeout=15
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return state.returncode == 0 and state.stdout.strip().rstrip("*") in {
+            "idle",
+            "mixed",
+            "allocated",
+            "completing",
+        }
+
+    def start(self, timeout: float = 90) -> SlurmHarness:
+        """Start (or reuse) the instance; raise HarnessUnavailable when it cannot run here."""
+        reason = unavailable_reason()
+        if reason:
+            raise HarnessUnavailable(reason)
+        files = self._render_config()
+        fingerprint = self._fingerprint(files)
+        stamp = self.state_dir / "fingerprint"
+        if stamp.exists() and stamp.read_text() == fingerprint and self.is_up():
+            return self
+        self._stop_daemons_from_pid_files()
+        for sub in (
+            "etc",
+            "lib",
+            "dev",
+            "run",
+            "log",
+            "munge",
+            "ctld-state",
+            "slurmd-spool",
+        ):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        for gpu in range(NODE_GPUS):
+            _dummy_device(self.state_dir / "dev" / f"nvidia{gpu}")
+        for path, text in files.items():
+            path.write_text(text)
+        # a fresh instance numbers jobs from 1 again: old records would be mistaken for new ones
+        for log in (
+            self.spank_log,
+            self.jobcomp_log,
+            *(self.state_dir / "log").glob("*.log"),
+        ):
+            log.unlink(missing_ok=True)
+        self._build_spank()
+        self._start_munge()
+        self._daemon("slurmctld", ["slurmctld", "-c", "-f", str(self.conf)])
+        self._daemon("slurmd", ["slurmd", "-f", str(self.conf), "-N", self.node])
+        deadline = time.monotonic() + timeout
+        while not self.is_up():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    "Slurm did not come up in time\n" + self.diagnostics()
+                )
+            time.sleep(1)
+        stamp.write_text(fingerprint)
+        return self
+
+    def stop(self) -> None:
+        """Stop the daemons this object started (a reused instance keeps running)."""
+        for name, pid_file in reversed(self._started):
+            _kill_pid_file(pid_file, name)
+        self._started.clear()
+
+    def _stop_daemons_from_pid_files(self) -> None:
+        """Stop a stale instance of this harness (same state directory) before a restart."""
+        run = self.state_dir / "run"
+        for name in ("slurmd", "slurmctld", "munged"):
+            _kill_pid_file(run / f"{name}.pid", name)
+
+    def _build_spank(self) -> None:
+        out = self.state_dir / "lib" / "alps_spank.so"
+        proc = subprocess.run(
+            [
+                "gcc",
+                "-Wall",
+                "-Wextra",
+                "-O2",
+                "-shared",
+                "-fPIC",
+                "-o",
+                str(out),
+                str(HERE / "alps_spank.c"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"building alps_spank.so failed:\n{proc.stderr}")
+
+    def _start_munge(self) -> None:
+        munge_dir = self.state_dir / "munge"
+        munge_dir.chmod(0o711)  # munged wants the socket's directory searchable by all
+        key = munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        self._daemon(
+            "munged",
+            [
+                "munged",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.state_dir / 'run' / 'munged.pid'}",
+                f"--log-file={self.state_dir / 'log' / 'munged.log'}",
+                f"--seed-file={munge_dir / 'munged.seed'}",
+            ],
+        )
+
+    def _daemon(self, name: str, cmd: list[str]) -> None:
+        """Run a self-daemonizing command and remember its pid file."""
+        proc = subprocess.run(
+            cmd,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            start_new_session=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"{name} did not start ({proc.returncode}):\n{proc.stderr}\n"
+                + self.diagnostics()
+            )
+        pid_file = self.state_dir / "run" / f"{name}.pid"
+        deadline = time.monotonic() + 20
+        while not pid_file.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{name}: no pid file {pid_file}\n" + self.diagnostics()
+                )
+            time.sleep(0.2)
+        self._started.append((name, pid_file))
+
+    # ------------------------------------------------------------------------------- jobs
+    def sbatch(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> int:
+        """Submit with `sbatch --parsable ARGS` from `cwd`; return the job id."""
+        proc = self.run("sbatch", "--parsable", *args, cwd=cwd, env=env)
+        return int(proc.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> Job:
+        proc = self.run("scontrol", "show", "job", "-o", str(job_id))
+        return Job(job_id, parse_show_job(proc.stdout.strip()))
+
+    def wait(
+        self,
+        job_id: int,
+        until: set[str] | frozenset[str] = TERMINAL_STATES,
+        timeout: float = 300,
+        poll: float = 1.0,
+    ) -> Job:
+        """Poll until the job's state is in `until`; on timeout raise with diagnostics."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.state in until:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"job {job_id} still {job.state} after {timeout:.0f}s (waiting for "
+                    f"{sorted(until)})\n" + self.diagnostics(job_id)
+                )
+            time.sleep(poll)
+
+    def spank_records(self, job_id: int) -> list[dict[str, str]]:
+        """The SPANK plugin's lines for one job, in order, as dicts (step, uenv, view, ...)."""
+        records = []
+        if self.spank_log.exists():
+            for line in self.spank_log.read_text().splitlines():
+                record = dict(
+                    part.split("=", 1) for part in line.split() if "=" in part
+                )
+                if record.get("job") == str(job_id):
+                    records.append(record)
+        return records
+
+    def kill_strays(self, job_id: int) -> list[str]:
+        """SIGKILL processes of `job_id` (of this instance) that outlived the job; return them.
+
+        proctrack/pgid loses track of processes that start a session of their own (torchrun's
+        workers): if their parent dies they keep running after the job ends, which the cgroup
+        tracking on Alps would not allow. Tests call this so strays cannot disturb later jobs.
+        """
+        marks = (f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CONF={self.conf}".encode())
+        killed = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                if not all(mark in environ for mark in marks):
+                    continue
+                cmdline = (
+                    (proc / "cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                )
+                os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # gone, or not ours to read
+            killed.append(f"{proc.name}: {cmdline.strip()}")
+        return killed
+
+    def diagnostics(self, job_id: int | None = None) -> str:
+        """Text to append to a failure: job record, job log, SPANK records, daemon log tails."""
+        parts = []
+        if job_id is not None:
+            try:
+                show = self.run(
+                    "scontrol", "show", "job", str(job_id), check=False, timeout=15
+                )
+                parts.append(
+                    f"--- scontrol show job {job_id}\n{show.stdout}{show.stderr}"
+                )
+                out = parse_show_job(" ".join(show.stdout.split())).get("StdOut")
+                if out and Path(out).exists():
+                    parts.append(f"--- {out} (tail)\n{_tail(Path(out), 12000)}")
+            except (subprocess.TimeoutExpired, OSError) as exc:
+                parts.append(f"--- scontrol show job {job_id}: {exc!r}")
+            lines = [str(r) for r in self.spank_records(job_id)]
+            parts.append("--- SPANK records\n" + "\n".join(lines))
+        for name in ("slurmctld", "slurmd", "munged"):
+            log = self.state_dir / "log" / f"{name}.log"
+            if log.exists():
+                parts.append(f"--- {log} (tail)\n{_tail(log, 3000)}")
+        return "\n".join(parts)
+
+
+def _dummy_device(path: Path) -> None:
+    """A character device with /dev/null's numbers (slurmd wants gres `File=` to be a device)."""
+    if path.is_char_device():
+        return
+    path.unlink(missing_ok=True)
+    null = os.stat("/dev/null").st_rdev
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, null)
+    except OSError:  # no CAP_MKNOD: a link to /dev/null stats as the same device
+        path.symlink_to("/dev/null")
+
+
+def _tail(path: Path, chars: int) -> str:
+    text = path.read_text(errors="replace")
+    return text[-chars:]
+
+
+def _kill_pid_file(pid_file: Path, name: str, timeout: float = 15) -> None:
+    """SIGTERM the process named in pid_file if it is `name`, wait for it, then SIGKILL."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        pid_file.unlink(missing_ok=True)
+        return
+    if comm != name[:15]:  # a recycled pid: not ours
+        pid_file.unlink(missing_ok=True)
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    harness = SlurmHarness()
+    action = argv[1] if len(argv) > 1 else "status"
+    if action == "start":
+        try:
+            harness.start()
+        except HarnessUnavailable as exc:
+            print(f"unavailable: {exc}", file=sys.stderr)
+            return 2
+        print(f"export SLURM_CONF={harness.conf}")
+    elif action == "stop":
+        harness._stop_daemons_from_pid_files()
+    elif action == "status":
+        print("up" if harness.is_up() else "down")
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
