@@ -17,8 +17,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "{{ cookiecutter.package_name }}"
 
-# A tiny run: 1000 training samples, 31 batches per rank and epoch with 2 ranks, so 200 steps
-# cross several epoch boundaries; dropout makes the result depend on the restored RNG states.
+# A tiny run: 1000 training samples, 31 micro-batches per rank and epoch with 2 ranks, so 200
+# steps cross many epoch boundaries; dropout makes the result depend on the restored RNG states.
 TINY = [
     "synthetic_samples=1200",
     "eval_samples=200",
@@ -38,6 +38,7 @@ TINY = [
     "num_workers=0",
     "cpu_threads=1",
     "dist_timeout_s=60",
+    "grad_accum_steps=2",  # exercises no_sync; epochs then end in the middle of a step
 ]
 TIMEOUT_S = 90
 

@@ -68,7 +68,7 @@ def test_saved_config_round_trips(tmp_path):
 def test_check_resume():
     saved = Config().__dict__
     check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
-    with pytest.raises(ConfigError, match="batch_size: 128 -> 64"):
+    with pytest.raises(ConfigError, match="batch_size: 256 -> 64"):
         check_resume(saved, Config(batch_size=64), 2, 2)
     with pytest.raises(ConfigError, match="world size: 2 -> 4"):
         check_resume(saved, Config(), 2, 4)

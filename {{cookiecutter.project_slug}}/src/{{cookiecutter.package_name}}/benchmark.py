@@ -55,11 +55,9 @@ def benchmark(cfg: Config) -> dict:
         _timed(package_step, device, cfg.bench_warmup)
         _timed(bare_step, device, cfg.bench_warmup)
         ours, bare = [], []
-        rounds = 5  # interleaved, so drifting clocks or busy neighbours affect both alike
-        per_round = max(1, cfg.bench_steps // rounds)
-        for _ in range(rounds):
-            ours += _timed(package_step, device, per_round)
-            bare += _timed(bare_step, device, per_round)
+        for _ in range(cfg.bench_steps):  # alternating: busy neighbours slow both alike
+            ours += _timed(package_step, device, 1)
+            bare += _timed(bare_step, device, 1)
         accum = cfg.grad_accum_steps
         samples = cfg.batch_size * accum * env.world_size
         result = {

@@ -142,6 +142,15 @@ def gather_rng(loader_generator: torch.Generator, np_rng: np.random.Generator) -
     return distributed.all_gather_object(capture_rng(loader_generator, np_rng))
 
 
+def check_replicas(model: torch.nn.Module) -> None:
+    """All ranks must hold the same weights (rank 0 saves for everyone). They diverge only
+    through a bug, e.g. rank-dependent code around `no_sync`; fail loudly instead of saving."""
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+    sums = distributed.all_gather_object(checksum)
+    if len(set(sums)) > 1:
+        raise RuntimeError(f"model replicas differ between ranks (parameter sums {sums})")
+
+
 # --------------------------------------------------------------------------- provenance
 
 

@@ -39,7 +39,7 @@ class Config:
     eval_samples: int = 2048  # held out from the end of the dataset
     num_features: int = 64  # synthetic data only (a dataset directory says its own)
     num_classes: int = 10  # synthetic data only
-    batch_size: int = 128  # per rank and micro-step
+    batch_size: int = 256  # per rank and micro-step
     grad_accum_steps: int = 1
     num_workers: int = -1  # -1: from SLURM_CPUS_PER_TASK (0 without it)
     # model

@@ -28,7 +28,8 @@ FORMAT = "npy-arrays/1"
 
 
 class ArrayDataset(Dataset):
-    """Inputs `x` (N, features) float32 and labels `y` (N,) int64, numpy arrays or memmaps."""
+    """Inputs `x` (N, features) float32 and labels `y` (N,) int64, numpy arrays or memmaps
+    (a memmap reads only the pages a batch touches)."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int):
         if len(x) != len(y):
@@ -43,11 +44,12 @@ class ArrayDataset(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(np.array(self.x[i])), torch.tensor(int(self.y[i]))
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = np.asarray(indices)
-        return torch.from_numpy(np.asarray(self.x[idx])), torch.from_numpy(np.asarray(self.y[idx]))
+        idx = np.asarray(indices, dtype=np.intp)  # one gather per batch, not one per sample
+        return torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
 
     def subset(self, start: int, stop: int) -> ArrayDataset:
         return ArrayDataset(self.x[start:stop], self.y[start:stop], self.num_classes)

@@ -60,7 +60,6 @@ class Metrics:
         self.peak_flops, self.max_steps = peak_flops, max_steps
         self.loss_sum = torch.zeros((), device=device)
         self.loss_steps = 0
-        self.data_wait = 0.0
         self.restart_clock()
 
     def restart_clock(self) -> None:

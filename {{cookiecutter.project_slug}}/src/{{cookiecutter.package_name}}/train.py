@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import random
+import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -21,7 +22,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, distributed, metrics, preemption
-from .checkpoint import Checkpointer, CheckpointSchedule, gather_rng, git_commit, restore_rng
+from .checkpoint import (
+    Checkpointer,
+    CheckpointSchedule,
+    check_replicas,
+    gather_rng,
+    git_commit,
+    restore_rng,
+)
 from .config import Config, check_resume, save_config
 from .distributed import DistEnv
 from .model import build_model, loss_fn
@@ -191,7 +199,9 @@ def train_step(p: Parts) -> tuple[torch.Tensor, float]:
         last = micro == accum - 1
         with nullcontext() if last or p.ddp is p.model else p.ddp.no_sync():
             with p.autocast():
-                loss = loss_fn(p.forward(x), y) / accum
+                loss = loss_fn(p.forward(x), y)
+                if accum > 1:
+                    loss = loss / accum
             p.scaler.scale(loss).backward()
         loss_total = loss.detach() if loss_total is None else loss_total + loss.detach()
     if p.cfg.grad_clip > 0:
@@ -223,6 +233,7 @@ def evaluate(p: Parts) -> dict:
 
 
 def save_checkpoint(p: Parts, ckpt: Checkpointer, step: int, commit: str | None) -> float:
+    check_replicas(p.model)
     rng = gather_rng(p.batches.loader.generator, p.np_rng)  # collective: every rank's states
     state = {
         "model": p.model.state_dict(),  # unwrapped and uncompiled: no "module."/"_orig_mod."
@@ -242,11 +253,16 @@ def save_checkpoint(p: Parts, ckpt: Checkpointer, step: int, commit: str | None)
 
 
 def train(cfg: Config) -> int:
-    with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads) as (env, device):
-        return run(cfg, env, device)
+    # The signal handlers go first: a signal during start-up (which can take minutes at scale)
+    # then stops the run at its first agreement step instead of killing it.
+    with (
+        preemption.PreemptionFlag() as flag,
+        distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads) as (env, device),
+    ):
+        return run(cfg, env, device, flag)
 
 
-def run(cfg: Config, env: DistEnv, device: torch.device) -> int:
+def run(cfg: Config, env: DistEnv, device: torch.device, flag: preemption.PreemptionFlag) -> int:
     run_dir = Path(cfg.run_dir)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -275,13 +291,13 @@ def run(cfg: Config, env: DistEnv, device: torch.device) -> int:
     flops = metrics.count_flops(p.model, sample_x.to(device), sample_y.to(device), loss_fn)
     meter = metrics.Metrics(
         run_dir,
-        env.is_main,
-        env.world_size,
-        cfg.batch_size * cfg.grad_accum_steps,
-        flops * cfg.grad_accum_steps,
-        cfg.peak_tflops * 1e12,
-        device,
-        cfg.max_steps,
+        is_main=env.is_main,
+        world=env.world_size,
+        samples_per_step=cfg.batch_size * cfg.grad_accum_steps,
+        flops_per_step=flops * cfg.grad_accum_steps,
+        peak_flops=cfg.peak_tflops * 1e12,
+        device=device,
+        max_steps=cfg.max_steps,
     )
     schedule = CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
     deadline = preemption.Deadline.from_env(cfg.end_time_margin_s)
@@ -293,56 +309,54 @@ def run(cfg: Config, env: DistEnv, device: torch.device) -> int:
         schedule.describe(),
     )
 
-    with preemption.PreemptionFlag() as flag:
-        last_check, last_check_step = time.perf_counter(), step
-        while step < cfg.max_steps:
-            loss, data_wait = train_step(p)
-            step += 1
-            meter.update(loss, data_wait)
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                meter.log(step, p.scheduler.get_last_lr()[0], p.batches.epoch)
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                meter.write({"kind": "eval", "step": step, **evaluate(p)})
-                meter.restart_clock()
+    last_check, last_check_step = time.perf_counter(), step
+    while step < cfg.max_steps:
+        loss, data_wait = train_step(p)
+        step += 1
+        meter.update(loss, data_wait)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            meter.log(step, p.scheduler.get_last_lr()[0], p.batches.epoch)
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            meter.write({"kind": "eval", "step": step, **evaluate(p)})
+            meter.restart_clock()
 
-            stop = save = False
-            if step % cfg.preempt_check_every == 0 and step < cfg.max_steps:
-                now = time.perf_counter()
-                step_s = (now - last_check) / max(step - last_check_step, 1)
-                last_check, last_check_step = now, step
-                near_end = deadline.near(step_s * cfg.preempt_check_every, schedule.save_s or 0)
-                stop, save = preemption.agree(
-                    flag.requested or near_end, schedule.due_by_time(), device
-                )
-            if stop or save or schedule.due_by_steps(step) or step == cfg.max_steps:
-                seconds = save_checkpoint(p, ckpt, step, commit)
-                schedule.record_save(seconds)
-                meter.write({"kind": "checkpoint", "step": step, "save_s": seconds})
-                log.info(
-                    "checkpoint step %d written in %.2f s; next: %s",
-                    step,
-                    seconds,
-                    schedule.describe(),
-                )
-                meter.restart_clock()
-                last_check = time.perf_counter()
-            if stop:
-                reason = (
-                    f"signal {flag.received}"
-                    if flag.requested
-                    else "SLURM_JOB_END_TIME near"
-                    if near_end
-                    else "another rank"
-                )
-                if env.is_main:
-                    preemption.write_requeue_marker(run_dir, f"step {step}: {reason}")
-                log.warning(
-                    "stopping at step %d (%s); checkpoint written, exiting with %d to be requeued",
-                    step,
-                    reason,
-                    preemption.REQUEUE_EXIT_CODE,
-                )
-                return preemption.REQUEUE_EXIT_CODE
+        stop = save = False
+        if step % cfg.preempt_check_every == 0 and step < cfg.max_steps:
+            now = time.perf_counter()
+            step_s = (now - last_check) / max(step - last_check_step, 1)
+            last_check, last_check_step = now, step
+            near_end = deadline.near(step_s * cfg.preempt_check_every, schedule.save_s or 0)
+            stop, save = preemption.agree(
+                flag.requested or near_end, schedule.due_by_time(), device
+            )
+        if stop or save or schedule.due_by_steps(step) or step == cfg.max_steps:
+            seconds = save_checkpoint(p, ckpt, step, commit)
+            schedule.record_save(seconds)
+            meter.write({"kind": "checkpoint", "step": step, "save_s": seconds})
+            log.info(
+                "checkpoint step %d written in %.2f s; next: %s",
+                step,
+                seconds,
+                schedule.describe(),
+            )
+            meter.restart_clock()
+            last_check = time.perf_counter()
+        if stop:
+            if flag.requested:
+                reason = f"received {signal.Signals(flag.received).name}"
+            elif near_end:
+                reason = "SLURM_JOB_END_TIME near"
+            else:
+                reason = "another rank asked to stop"
+            if env.is_main:
+                preemption.write_requeue_marker(run_dir, f"step {step}: {reason}")
+            log.warning(
+                "stopping at step %d (%s); checkpoint written, exiting with %d to be requeued",
+                step,
+                reason,
+                preemption.REQUEUE_EXIT_CODE,
+            )
+            return preemption.REQUEUE_EXIT_CODE
 
     if env.is_main:
         preemption.remove_requeue_marker(run_dir)
