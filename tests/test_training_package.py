@@ -12,8 +12,12 @@ from conftest import clean_env, run
 
 # The package's own tests (tests/test_alps_lint.py is tested with the linter).
 PACKAGE_TESTS = [
-    "tests/test_checkpoint.py", "tests/test_cli.py", "tests/test_config.py",
-    "tests/test_data.py", "tests/test_distributed.py", "tests/test_preemption.py",
+    "tests/test_checkpoint.py",
+    "tests/test_cli.py",
+    "tests/test_config.py",
+    "tests/test_data.py",
+    "tests/test_distributed.py",
+    "tests/test_preemption.py",
     "tests/test_resume.py",
 ]
 
@@ -41,28 +45,55 @@ def package(repo) -> str:
 
 def test_package_layout(repo, package):
     src = repo / "src" / package
-    for module in ("distributed", "config", "data", "model", "train", "metrics", "checkpoint",
-                   "preemption", "benchmark", "cli", "__main__"):
+    for module in (
+        "distributed",
+        "config",
+        "data",
+        "model",
+        "train",
+        "metrics",
+        "checkpoint",
+        "preemption",
+        "benchmark",
+        "cli",
+        "__main__",
+    ):
         assert (src / f"{module}.py").is_file(), module
     assert (repo / "configs" / "default.toml").is_file()
     assert (repo / "docs" / "training.md").is_file()
 
 
 def test_generated_test_suite_passes(repo):
-    proc = run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                *PACKAGE_TESTS], cwd=repo, env=package_env(repo), timeout=600, check=False)
+    proc = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *PACKAGE_TESTS],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
 
 def test_train_with_default_config_then_resume(repo, package, tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", package, "--config", "configs/default.toml",
-           f"run_dir={run_dir}", "max_steps=20", "log_every=10", "checkpoint_every=10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        package,
+        "--config",
+        "configs/default.toml",
+        f"run_dir={run_dir}",
+        "max_steps=20",
+        "log_every=10",
+        "checkpoint_every=10",
+    ]
     first = run(cmd, cwd=repo, env=package_env(repo), timeout=300)
     assert "training finished at step 20" in first.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "step-00000010.pt", "step-00000020.pt"]
+        "step-00000010.pt",
+        "step-00000020.pt",
+    ]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [10, 20]
     assert (run_dir / "config.toml").is_file() and not (run_dir / "REQUEUE").exists()
@@ -72,19 +103,38 @@ def test_train_with_default_config_then_resume(repo, package, tmp_path):
 
 
 def test_config_error_exit_status(repo, package):
-    proc = run([sys.executable, "-m", package, "--config", "configs/default.toml", "lr=fast"],
-               cwd=repo, env=package_env(repo), timeout=120, check=False)
+    proc = run(
+        [sys.executable, "-m", package, "--config", "configs/default.toml", "lr=fast"],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2 and "'lr'" in proc.stderr
 
 
 def test_benchmark_prints_one_json_line(repo, package):
-    proc = run([sys.executable, "-m", package, "benchmark", "--config", "configs/default.toml",
-                "bench_warmup=3", "bench_steps=20"], cwd=repo, env=package_env(repo), timeout=300)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            package,
+            "benchmark",
+            "--config",
+            "configs/default.toml",
+            "bench_warmup=3",
+            "bench_steps=20",
+        ],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=300,
+    )
     (line,) = proc.stdout.strip().splitlines()
     result = json.loads(line)
     assert result["steps"] == 20 and result["world_size"] == 1
     assert result["train_step_median_s"] > 0 and result["bare_step_median_s"] > 0
     assert result["ratio"] == pytest.approx(
-        result["train_step_median_s"] / result["bare_step_median_s"])
+        result["train_step_median_s"] / result["bare_step_median_s"]
+    )
     # The overhead ratio itself is measured and reported in docs/training.md rather than
     # asserted here: on a shared 2-core CI machine the noise is larger than the overhead.
