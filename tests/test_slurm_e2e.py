@@ -428,9 +428,10 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, n
         text = sub.text()
         assert job.state == "COMPLETED" and job.restarts == 1
 
-        stopped = re.findall(r"\[rank0\] \S+ WARNING stopping at step (\d+) \(signal 12\)", text)
-        assert len(stopped) == 1, "rank 0 must stop once, on SIGUSR2 (12)"
-        stop_step = int(stopped[0])
+        stopped = re.findall(r"\[rank0\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
+        assert len(stopped) == 1, f"rank 0 must stop once: {stopped}"
+        stop_step, reason = int(stopped[0][0]), stopped[0][1]
+        assert re.search(r"USR2|\b12\b", reason), f"stopped for {reason!r}, not SIGUSR2"
         assert 0 < stop_step < PREEMPT_STEPS
         assert re.search(rf"\[rank0\] \S+ INFO checkpoint step {stop_step} written", text)
         assert f"requeueing job {sub.job_id}" in text

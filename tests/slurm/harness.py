@@ -13,15 +13,18 @@
 - the SPANK plugin alps_spank.c (compiled here) accepts the Alps options `--uenv`, `--view` and
   `--environment` and records, per job step, what the step asked for.
 
-Starting is idempotent: a running instance with the same configuration is reused (and then left
-running by `stop()`, which only stops what this process started). Clients must run with
-`SLURM_CONF` pointing at the harness's slurm.conf: use `harness.env()`.
+Starting is idempotent: a running instance with the same configuration is reused. Every user
+holds a shared lock on it; `stop()` stops the daemons only when no other session uses them and
+they were not started from a shell (`harness.py start`, which keeps them until
+`harness.py stop`). Clients must run with `SLURM_CONF` pointing at the harness's slurm.conf: use
+`harness.env()`.
 
 Command line (for debugging by hand):  python3 tests/slurm/harness.py start|stop|status
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import pwd
@@ -33,13 +36,13 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_STATE_DIR = Path(
-    os.environ.get("ALPS_SLURM_STATE_DIR", "/tmp/alps-slurm-harness")
-)
+DEFAULT_STATE_DIR = Path(os.environ.get("ALPS_SLURM_STATE_DIR", "/tmp/alps-slurm-harness"))
 
 REQUIRED_COMMANDS = (
     "munged",
@@ -92,11 +95,7 @@ def unavailable_reason() -> str | None:
     if not SPANK_HEADER.exists():
         missing.append(str(SPANK_HEADER) + " (libslurm-dev)")
     if missing:
-        return (
-            "Slurm harness: missing "
-            + ", ".join(missing)
-            + "; run tests/slurm/install.sh"
-        )
+        return "Slurm harness: missing " + ", ".join(missing) + "; run tests/slurm/install.sh"
     return None
 
 
@@ -151,9 +150,7 @@ class SlurmHarness:
         self.jobcomp_log = self.state_dir / "jobcomp.log"
         self.munge_socket = self.state_dir / "munge" / "munge.socket"
         self.node = socket.gethostname().split(".")[0]
-        self._started: list[
-            tuple[str, Path]
-        ] = []  # (name, pid file) of daemons started here
+        self._usage = None  # the open usage lock file while this object uses the instance
 
     # ---------------------------------------------------------------- environment and commands
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -257,8 +254,7 @@ PartitionName=normal Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
 """
         gres_conf = (
-            "AutoDetect=off\n"
-            f"NodeName={self.node} Name=gpu File={dev}/nvidia[0-{NODE_GPUS - 1}]\n"
+            f"AutoDetect=off\nNodeName={self.node} Name=gpu File={dev}/nvidia[0-{NODE_GPUS - 1}]\n"
         )
         plugstack = f"required {s}/lib/alps_spank.so log={self.spank_log}\n"
         return {
@@ -283,9 +279,7 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
             ping = self.run("scontrol", "ping", check=False, timeout=15)
             if ping.returncode != 0 or "UP" not in ping.stdout:
                 return False
-            state = self.run(
-                "sinfo", "-h", "-n", self.node, "-o", "%T", check=False, timeout=15
-            )
+            state = self.run("sinfo", "-h", "-n", self.node, "-o", "%T", check=False, timeout=15)
         except subprocess.TimeoutExpired:
             return False
         return state.returncode == 0 and state.stdout.strip().rstrip("*") in {
@@ -296,37 +290,77 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
         }
 
     def start(self, timeout: float = 90) -> SlurmHarness:
-        """Start (or reuse) the instance; raise HarnessUnavailable when it cannot run here."""
+        """Start (or reuse) the instance; raise HarnessUnavailable when it cannot run here.
+
+        Each user (a test session) holds a shared lock on the instance until `stop()`, so two
+        sessions on one machine share it and the last one out stops it.
+        """
         reason = unavailable_reason()
         if reason:
             raise HarnessUnavailable(reason)
-        files = self._render_config()
-        fingerprint = self._fingerprint(files)
-        stamp = self.state_dir / "fingerprint"
-        if stamp.exists() and stamp.read_text() == fingerprint and self.is_up():
-            return self
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._start_lock():
+            alone = self._hold_usage_lock()
+            files = self._render_config()
+            fingerprint = self._fingerprint(files)
+            stamp = self.state_dir / "fingerprint"
+            if stamp.exists() and stamp.read_text() == fingerprint and self.is_up():
+                return self
+            if not alone:
+                raise HarnessUnavailable(
+                    f"another session uses the Slurm harness in {self.state_dir} with another "
+                    "configuration (or it is down); try again when it is done"
+                )
+            self._launch(files, timeout)
+            stamp.write_text(fingerprint)
+        return self
+
+    def stop(self) -> None:
+        """Stop using the instance; stop it if no other session uses it and it is not kept
+        (`harness.py start` from a shell keeps it running until `harness.py stop`)."""
+        if self._usage is None:
+            return
+        with self._start_lock():
+            try:
+                fcntl.flock(self._usage, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another session still uses it
+            else:
+                if not (self.state_dir / "keep").exists():
+                    self._stop_daemons_from_pid_files()
+            finally:
+                self._usage.close()
+                self._usage = None
+
+    @contextmanager
+    def _start_lock(self) -> Iterator[None]:
+        with open(self.state_dir / "start.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _hold_usage_lock(self) -> bool:
+        """Take the shared usage lock (kept until stop); True if no other session holds it."""
+        if self._usage is None:
+            self._usage = open(self.state_dir / "usage.lock", "a")  # noqa: SIM115 - held open
+        try:
+            fcntl.flock(self._usage, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        fcntl.flock(self._usage, fcntl.LOCK_SH)
+        return alone
+
+    def _launch(self, files: dict[Path, str], timeout: float) -> None:
         self._stop_daemons_from_pid_files()
-        for sub in (
-            "etc",
-            "lib",
-            "dev",
-            "run",
-            "log",
-            "munge",
-            "ctld-state",
-            "slurmd-spool",
-        ):
+        for sub in ("etc", "lib", "dev", "run", "log", "munge", "ctld-state", "slurmd-spool"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         for gpu in range(NODE_GPUS):
             _dummy_device(self.state_dir / "dev" / f"nvidia{gpu}")
         for path, text in files.items():
             path.write_text(text)
         # a fresh instance numbers jobs from 1 again: old records would be mistaken for new ones
-        for log in (
-            self.spank_log,
-            self.jobcomp_log,
-            *(self.state_dir / "log").glob("*.log"),
-        ):
+        logs = (self.spank_log, self.jobcomp_log, *(self.state_dir / "log").glob("*.log"))
+        for log in logs:
             log.unlink(missing_ok=True)
         self._build_spank()
         self._start_munge()
@@ -335,18 +369,8 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
         deadline = time.monotonic() + timeout
         while not self.is_up():
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    "Slurm did not come up in time\n" + self.diagnostics()
-                )
+                raise RuntimeError("Slurm did not come up in time\n" + self.diagnostics())
             time.sleep(1)
-        stamp.write_text(fingerprint)
-        return self
-
-    def stop(self) -> None:
-        """Stop the daemons this object started (a reused instance keeps running)."""
-        for name, pid_file in reversed(self._started):
-            _kill_pid_file(pid_file, name)
-        self._started.clear()
 
     def _stop_daemons_from_pid_files(self) -> None:
         """Stop a stale instance of this harness (same state directory) before a restart."""
@@ -408,18 +432,14 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
         )
         if proc.returncode != 0:
             raise RuntimeError(
-                f"{name} did not start ({proc.returncode}):\n{proc.stderr}\n"
-                + self.diagnostics()
+                f"{name} did not start ({proc.returncode}):\n{proc.stderr}\n" + self.diagnostics()
             )
         pid_file = self.state_dir / "run" / f"{name}.pid"
         deadline = time.monotonic() + 20
         while not pid_file.exists():
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{name}: no pid file {pid_file}\n" + self.diagnostics()
-                )
+                raise RuntimeError(f"{name}: no pid file {pid_file}\n" + self.diagnostics())
             time.sleep(0.2)
-        self._started.append((name, pid_file))
 
     # ------------------------------------------------------------------------------- jobs
     def sbatch(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> int:
@@ -456,9 +476,7 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
         records = []
         if self.spank_log.exists():
             for line in self.spank_log.read_text().splitlines():
-                record = dict(
-                    part.split("=", 1) for part in line.split() if "=" in part
-                )
+                record = dict(part.split("=", 1) for part in line.split() if "=" in part)
                 if record.get("job") == str(job_id):
                     records.append(record)
         return records
@@ -480,10 +498,7 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
                 if not all(mark in environ for mark in marks):
                     continue
                 cmdline = (
-                    (proc / "cmdline")
-                    .read_bytes()
-                    .replace(b"\0", b" ")
-                    .decode(errors="replace")
+                    (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 )
                 os.kill(int(proc.name), signal.SIGKILL)
             except (OSError, ValueError):
@@ -496,12 +511,8 @@ PartitionName=debug Nodes={self.node} MaxTime=INFINITE State=UP
         parts = []
         if job_id is not None:
             try:
-                show = self.run(
-                    "scontrol", "show", "job", str(job_id), check=False, timeout=15
-                )
-                parts.append(
-                    f"--- scontrol show job {job_id}\n{show.stdout}{show.stderr}"
-                )
+                show = self.run("scontrol", "show", "job", str(job_id), check=False, timeout=15)
+                parts.append(f"--- scontrol show job {job_id}\n{show.stdout}{show.stderr}")
                 out = parse_show_job(" ".join(show.stdout.split())).get("StdOut")
                 if out and Path(out).exists():
                     parts.append(f"--- {out} (tail)\n{_tail(Path(out), 12000)}")
@@ -565,8 +576,10 @@ def main(argv: list[str]) -> int:
         except HarnessUnavailable as exc:
             print(f"unavailable: {exc}", file=sys.stderr)
             return 2
+        (harness.state_dir / "keep").touch()  # test sessions leave it running
         print(f"export SLURM_CONF={harness.conf}")
     elif action == "stop":
+        (harness.state_dir / "keep").unlink(missing_ok=True)
         harness._stop_daemons_from_pid_files()
     elif action == "status":
         print("up" if harness.is_up() else "down")

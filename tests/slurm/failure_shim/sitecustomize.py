@@ -72,7 +72,5 @@ if _TARGET and _RANK == os.environ.get("ALPS_E2E_FAIL_RANK", "1"):
     _module, _, _function = _TARGET.partition(":")
     sys.meta_path.insert(
         0,
-        _WrapOnImport(
-            _module, _function, int(os.environ.get("ALPS_E2E_FAIL_AFTER", "5"))
-        ),
+        _WrapOnImport(_module, _function, int(os.environ.get("ALPS_E2E_FAIL_AFTER", "5"))),
     )
