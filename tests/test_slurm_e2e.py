@@ -26,7 +26,13 @@ from pathlib import Path
 
 import pytest
 from conftest import CONFIGS, TEMPLATE_DIR, clean_env, run
-from slurm.harness import HarnessUnavailable, Job, SlurmHarness, unavailable_reason
+from slurm.harness import (
+    TERMINAL_STATES,
+    HarnessUnavailable,
+    Job,
+    SlurmHarness,
+    unavailable_reason,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -34,33 +40,23 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 # The ONLY departures from "submit the generated script as generated", each because it cannot
 # hold on this machine. Nothing in the scripts is edited.
 #
-# 1. sbatch options added on the command line, per configuration:
+# 1. sbatch options added on the command line, per configuration. (--account and --partition
+#    need none: without accounting any account is accepted, and the harness has the partitions
+#    "normal" and "debug" that the configurations use.)
 SBATCH_OVERRIDES: dict[str, list[str]] = {
     # The harness has one node; the configuration asks for 2. torchrun then runs 1 x 4 workers.
     "uenv-torchrun": ["--nodes=1"],
 }
-
-
-# (--account and --partition need no override: the harness has no accounting, so any account is
-#  accepted, and it has the partitions "normal" and "debug" the configurations use.)
-#
-# 2. Submission environment (sbatch exports it to the job; the scripts read these variables):
-#    RUN_DIR and DATA_DIR default to Alps paths (/capstor/scratch/..., ${SCRATCH}/...), which do
-#    not exist here, so they point into the test's tmp dir; SCRATCH too, for anything else.
-def submission_env(work: Path) -> dict[str, str]:
-    return {
-        "RUN_DIR": str(work / "run"),
-        "DATA_DIR": str(work / "data"),
-        "SCRATCH": str(work / "scratch"),
-    }
-
-
-# 3. key=value training overrides after the script name (documented usage), to keep jobs short.
+# 2. Submission environment (sbatch exports it to the job): the scripts default RUN_DIR and
+#    DATA_DIR to Alps paths (/capstor/scratch/..., ${SCRATCH}/...) that do not exist here, so
+#    they (and SCRATCH, for anything else) point to these directories in the test's tmp dir.
+SUBMISSION_ENV_DIRS = {"RUN_DIR": "run", "DATA_DIR": "data", "SCRATCH": "scratch"}
+# 3. key=value training overrides after the script name (documented usage): short jobs.
 QUICK = ["max_steps=40", "log_every=10", "checkpoint_every=20", "eval_every=0"]
 # ---------------------------------------------------------------------------------------------
 
 RANKS = 4  # --ntasks-per-node=4 (srun) or 4 torchrun workers (--gpus-per-node=4), one node
-JOB_TIMEOUT = 240  # seconds for one job from submission to its end (about 30 s here)
+JOB_TIMEOUT = 300  # seconds from submission to the end of a job (about 30 s here)
 FAILURE_DEADLINE = 180  # a crashed rank must end the job this fast (dist_timeout_s is 900)
 SHIM_DIR = Path(__file__).resolve().parent / "slurm" / "failure_shim"
 
@@ -128,11 +124,7 @@ def repo(bake, tmp_path_factory):
             baked = bake(name)
             path = tmp_path_factory.mktemp(f"slurm-{name}") / baked.name
             shutil.copytree(baked, path, symlinks=True)
-            run(
-                ["bash", "scripts/setup_venv.sh", flavour, "--here"],
-                cwd=path,
-                timeout=600,
-            )
+            run(["bash", "scripts/setup_venv.sh", flavour, "--here"], cwd=path, timeout=600)
             cache[name, flavour] = Repo(name, flavour, path)
         return cache[name, flavour]
 
@@ -171,13 +163,7 @@ class Submission:
             if match:
                 return match
             job = self.slurm.job(self.job_id)
-            if job.state in {
-                "COMPLETED",
-                "FAILED",
-                "CANCELLED",
-                "TIMEOUT",
-                "NODE_FAIL",
-            }:
+            if job.state in TERMINAL_STATES:
                 raise AssertionError(f"job ended ({job.state}) before the log matched {pattern!r}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {pattern!r} in the log after {timeout:.0f}s")
@@ -192,7 +178,8 @@ def submit(
     extra_env: dict[str, str] | None = None,
 ) -> Submission:
     """sbatch the generated script from the repository root, as the README says."""
-    env = clean_env() | submission_env(work) | (extra_env or {})
+    dirs = {key: str(work / sub) for key, sub in SUBMISSION_ENV_DIRS.items()}
+    env = clean_env() | dirs | (extra_env or {})
     job_id = slurm.sbatch(
         *SBATCH_OVERRIDES.get(repo.name, []), repo.script, *args, cwd=repo.path, env=env
     )
@@ -270,11 +257,8 @@ def check_environment_requests(sub: Submission, restarts: int = 0) -> None:
             # #SBATCH --uenv/--view apply to the batch step and to every srun step
             expected = (answer(sub.repo.name, "uenv_image"), "default", "-")
         elif record["step"] == "batch":
-            expected = (
-                "-",
-                "-",
-                "-",
-            )  # --environment on srun only: the script runs on the host
+            # --environment on srun only: the batch script itself runs on the host
+            expected = ("-", "-", "-")
         else:
             expected = ("-", "-", str(sub.repo.path / "container" / "edf.toml"))
         assert (record["uenv"], record["view"], record["environment"]) == expected, record
@@ -285,14 +269,10 @@ def check_environment_requests(sub: Submission, restarts: int = 0) -> None:
 
 def test_node_looks_like_an_alps_gh200_node(slurm):
     node = slurm.run("scontrol", "show", "node", "-o", slurm.node).stdout
-    for field in (
-        "CPUTot=288",
-        "Sockets=4",
-        "CoresPerSocket=72",
-        "ThreadsPerCore=1",
-        "Gres=gpu:4",
-        "Partitions=normal,debug",
-    ):
+    expected = (
+        "CPUTot=288 Sockets=4 CoresPerSocket=72 ThreadsPerCore=1 Gres=gpu:4 Partitions=normal,debug"
+    )
+    for field in expected.split():
         assert field in node, node
 
 
@@ -382,11 +362,8 @@ def test_a_job_can_requeue_itself(slurm, tmp_path):
 @pytest.mark.parametrize(
     ("name", "flavour"),
     [
-        ("both-extended-srun", "uenv"),  # uenv + srun
-        (
-            "container-extended-torchrun",
-            "container",
-        ),  # container + torchrun (--mpi=pmix)
+        pytest.param("both-extended-srun", "uenv", id="uenv-srun"),
+        pytest.param("container-extended-torchrun", "container", id="container-torchrun-pmix"),
     ],
 )
 def test_job_trains_and_completes(slurm, repo, tmp_path, name, flavour):
@@ -402,19 +379,14 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, name, flavour):
 
 
 PREEMPT_STEPS = 300  # about 40 ms a step here: the signal lands well before the end
-PREEMPT = [
-    f"max_steps={PREEMPT_STEPS}",
-    "log_every=10",
-    "checkpoint_every=0",
-    "eval_every=0",
-]
+PREEMPT = [f"max_steps={PREEMPT_STEPS}", "log_every=10", "checkpoint_every=0", "eval_every=0"]
 
 
 @pytest.mark.parametrize(
     ("name", "flavour"),
     [
-        ("default", "container"),  # container + srun
-        ("uenv-torchrun", "uenv"),  # uenv + torchrun
+        pytest.param("default", "container", id="container-srun"),
+        pytest.param("uenv-torchrun", "uenv", id="uenv-torchrun"),
     ],
 )
 def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, name, flavour):
@@ -458,11 +430,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, n
 @pytest.mark.parametrize(
     ("name", "flavour"),
     [
-        ("default", "container"),  # srun: the other ranks see the closed connection
-        (
-            "container-extended-torchrun",
-            "container",
-        ),  # torchrun: the agent stops the others
+        # srun: the other ranks see the closed connection; torchrun: the agent stops the others
+        pytest.param("default", "container", id="srun"),
+        pytest.param("container-extended-torchrun", "container", id="torchrun"),
     ],
 )
 def test_a_crashing_rank_fails_the_job_without_hanging(slurm, repo, tmp_path, name, flavour):

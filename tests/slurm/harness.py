@@ -25,6 +25,7 @@ Command line (for debugging by hand):  python3 tests/slurm/harness.py start|stop
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import os
 import pwd
@@ -44,18 +45,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_STATE_DIR = Path(os.environ.get("ALPS_SLURM_STATE_DIR", "/tmp/alps-slurm-harness"))
 
-REQUIRED_COMMANDS = (
-    "munged",
-    "slurmctld",
-    "slurmd",
-    "sbatch",
-    "srun",
-    "scontrol",
-    "scancel",
-    "sinfo",
-    "gcc",
-)
+REQUIRED_COMMANDS = "munged slurmctld slurmd sbatch srun salloc scontrol scancel sinfo gcc".split()
 SPANK_HEADER = Path("/usr/include/slurm/spank.h")
+# Slurm's mpi/pmix plugin dlopens the unversioned library (srun --mpi=pmix, Alps Extended Images)
+LIBPMIX_GLOB = "/usr/lib/*/libpmix.so"
 
 CTLD_PORT = 16817
 SLURMD_PORT = 16818
@@ -66,19 +59,10 @@ NODE_CORES_PER_SOCKET = 72
 NODE_GPUS = 4
 NODE_MEMORY_MB = 480 * 1024
 
-TERMINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-    }
+_TERMINAL = (
+    "BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED TIMEOUT"
 )
+TERMINAL_STATES = frozenset(_TERMINAL.split())
 
 
 class HarnessUnavailable(RuntimeError):
@@ -90,10 +74,12 @@ def unavailable_reason() -> str | None:
     if not sys.platform.startswith("linux"):
         return "the Slurm harness needs Linux"
     if os.geteuid() != 0:
-        return "the Slurm harness must run as root (slurmd launches jobs as their user)"
+        return "the Slurm harness must run as root (slurmd runs as root to start jobs)"
     missing = [cmd for cmd in REQUIRED_COMMANDS if shutil.which(cmd) is None]
     if not SPANK_HEADER.exists():
         missing.append(str(SPANK_HEADER) + " (libslurm-dev)")
+    if not glob.glob(LIBPMIX_GLOB):
+        missing.append("libpmix.so (libpmix-dev)")
     if missing:
         return "Slurm harness: missing " + ", ".join(missing) + "; run tests/slurm/install.sh"
     return None
