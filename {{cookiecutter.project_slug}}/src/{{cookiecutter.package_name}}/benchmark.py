@@ -16,6 +16,7 @@ import torch
 
 from . import distributed
 from .config import Config
+from .distributed import DistEnv
 from .model import loss_fn
 from .train import build, make_optimizer, train_step
 
@@ -33,47 +34,53 @@ def _timed(step, device: torch.device, n: int) -> list[float]:
 
 def benchmark(cfg: Config) -> dict:
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads) as (env, device):
-        p = build(cfg, env, device)
-        x, y = next(p.batches)
-        x, y = x.to(device), y.to(device)
-        bare_model = p.model
-        bare_opt = make_optimizer(bare_model, cfg, device)
+        result = measure(cfg, env, device)
+    return result if env.is_main else {}
 
-        def bare_step():
-            for _ in range(cfg.grad_accum_steps):
-                with p.autocast():
-                    loss = loss_fn(bare_model(x), y) / cfg.grad_accum_steps
-                loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
-            bare_opt.step()
-            bare_opt.zero_grad(set_to_none=True)
 
-        def package_step():
-            train_step(p)
+def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
+    """Warmup, then `bench_steps` steps of each loop, alternating; the JSON record."""
+    p = build(cfg, env, device)
+    x, y = next(p.batches)
+    x, y = x.to(device), y.to(device)
+    bare_model = p.model
+    bare_opt = make_optimizer(bare_model, cfg, device)
 
-        _timed(package_step, device, cfg.bench_warmup)
-        _timed(bare_step, device, cfg.bench_warmup)
-        ours, bare = [], []
-        for _ in range(cfg.bench_steps):  # alternating: busy neighbours slow both alike
-            ours += _timed(package_step, device, 1)
-            bare += _timed(bare_step, device, 1)
-        accum = cfg.grad_accum_steps
-        samples = cfg.batch_size * accum * env.world_size
-        result = {
-            "device": str(device),
-            "world_size": env.world_size,
-            "threads": torch.get_num_threads(),
-            "batch_size": cfg.batch_size,
-            "grad_accum_steps": accum,
-            "steps": len(ours),
-            "train_step_median_s": statistics.median(ours),
-            "train_samples_per_s": samples / statistics.median(ours),
-            "bare_step_median_s": statistics.median(bare),
-            "bare_samples_per_s": samples / statistics.median(bare),
-        }
-        result["ratio"] = result["train_step_median_s"] / result["bare_step_median_s"]
-        return result if env.is_main else {}
+    def bare_step():
+        for _ in range(cfg.grad_accum_steps):
+            with p.autocast():
+                loss = loss_fn(bare_model(x), y) / cfg.grad_accum_steps
+            loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
+        bare_opt.step()
+        bare_opt.zero_grad(set_to_none=True)
+
+    def package_step():
+        train_step(p)
+
+    _timed(package_step, device, cfg.bench_warmup)
+    _timed(bare_step, device, cfg.bench_warmup)
+    ours, bare = [], []
+    for _ in range(cfg.bench_steps):  # alternating: busy neighbours slow both alike
+        ours += _timed(package_step, device, 1)
+        bare += _timed(bare_step, device, 1)
+    accum = cfg.grad_accum_steps
+    samples = cfg.batch_size * accum * env.world_size
+    result = {
+        "device": str(device),
+        "world_size": env.world_size,
+        "threads": torch.get_num_threads(),
+        "batch_size": cfg.batch_size,
+        "grad_accum_steps": accum,
+        "steps": len(ours),
+        "train_step_median_s": statistics.median(ours),
+        "train_samples_per_s": samples / statistics.median(ours),
+        "bare_step_median_s": statistics.median(bare),
+        "bare_samples_per_s": samples / statistics.median(bare),
+    }
+    result["ratio"] = result["train_step_median_s"] / result["bare_step_median_s"]
+    return result
 
 
 def main(cfg: Config) -> int:

@@ -41,7 +41,9 @@ def make_parser() -> argparse.ArgumentParser:
     make.add_argument("--y", type=Path, help="integer labels .npy (N,)")
     make.add_argument("--samples", type=int, default=16384, help="synthetic: number of samples")
     make.add_argument("--features", type=int, default=64, help="synthetic: input features")
-    make.add_argument("--classes", type=int, default=10, help="number of classes")
+    make.add_argument(
+        "--classes", type=int, help="number of classes (synthetic: 10; .npy: max label + 1)"
+    )
     make.add_argument("--seed", type=int, default=1234, help="synthetic: seed")
     plot = sub.add_parser("plot", help="PNG of loss and throughput from metrics.jsonl")
     plot.add_argument("path", type=Path, help="run directory or metrics.jsonl")
@@ -58,10 +60,10 @@ def make_dataset(args: argparse.Namespace) -> int:
         raise ConfigError("make-dataset needs both --x and --y, or neither (synthetic data)")
     if args.x is not None:
         x, y = np.load(args.x, mmap_mode="r"), np.load(args.y, mmap_mode="r")
-        classes = args.classes if "--classes" in sys.argv else None
+        classes = args.classes  # None: the largest label + 1
     else:
-        x, y = synthetic_arrays(args.samples, args.features, args.classes, args.seed)
-        classes = args.classes
+        classes = args.classes or 10
+        x, y = synthetic_arrays(args.samples, args.features, classes, args.seed)
     out = write_dataset(args.out, x, y, classes)
     print(f"wrote {len(x)} samples x {x.shape[1]} features to {out} (use it with dataset={out})")
     return 0

@@ -8,6 +8,7 @@ Resolution order for rank / world size / local rank:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -223,6 +224,7 @@ def process_group(timeout_s: float, threads: int = 0) -> Iterator[tuple[DistEnv,
         env.launcher,
     )
     set_quiet_ranks(env.rank)
+    finished = False
     try:
         if env.world_size > 1:
             log.info("init_process_group via tcp://%s:%d", env.master_addr, env.master_port)
@@ -236,8 +238,14 @@ def process_group(timeout_s: float, threads: int = 0) -> Iterator[tuple[DistEnv,
                 device_id=device if device.type == "cuda" else None,
             )
         yield env, device
+        finished = True
     finally:
         if dist.is_initialized():
+            # DDP sits in a reference cycle and holds the process group: collect it now, so the
+            # group is torn down here and not at interpreter exit, when peers may be gone.
+            gc.collect()
+            if finished:
+                dist.barrier()  # no rank tears down while another still communicates
             dist.destroy_process_group()
 
 
