@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plot":
             from .metrics import plot
 
-            print(f"wrote {plot(args.path, args.out)}")
+            try:
+                print(f"wrote {plot(args.path, args.out)}")
+            except (RuntimeError, OSError) as err:  # no matplotlib, no metrics file
+                print(f"{PROG} plot: {err}", file=sys.stderr)
+                return 1
             return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "benchmark":
