@@ -156,7 +156,7 @@ def test_job_scripts_follow_answers(baked):
         else:
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("1", "288")
             assert "python -m torch.distributed.run" in text
-            assert "SIGUSR2" in text  # torchrun must forward the preemption signal
+            assert 'PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"' in text
         uenv = job.name == "train_uenv.sbatch"
         assert (d.get("uenv"), d.get("view")) == (
             (a["uenv_image"], "default") if uenv else (None, None)
