@@ -1,35 +1,17 @@
 """Command line: benchmark JSON line, plots, metrics records."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, TINY, clean_env
+from conftest import TINY
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.metrics import read_records
 
 
-def test_benchmark_prints_one_json_line():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "benchmark",
-            *TINY,
-            "bench_warmup=2",
-            "bench_steps=10",
-        ],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+def test_benchmark_prints_one_json_line(single_process, capsys):
+    assert main(["benchmark", *TINY, "bench_warmup=2", "bench_steps=10"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
     for key in (
@@ -40,7 +22,7 @@ def test_benchmark_prints_one_json_line():
         "ratio",
     ):
         assert result[key] > 0
-    assert result["steps"] == 10
+    assert result["steps"] == 10 and result["world_size"] == 1
 
 
 def test_metrics_records_and_plot(tmp_path, single_process, capsys):

@@ -1,11 +1,9 @@
 """Config file + overrides; errors name the key and the accepted values."""
 
-import subprocess
-import sys
-
 import pytest
-from conftest import REPO, clean_env
+from conftest import REPO
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import (
     Config,
     ConfigError,
@@ -75,22 +73,8 @@ def test_check_resume():
     check_resume(saved, Config(batch_size=64, force_resume=True), 2, 4)
 
 
-def test_cli_exit_status_2_and_message_for_config_errors():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "--config",
-            "configs/default.toml",
-            "hiden_dim=3",
-        ],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "config error" in proc.stderr and "'hiden_dim'" in proc.stderr
-    assert "hidden_dim" in proc.stderr  # the accepted keys are listed
+def test_cli_exit_status_2_and_message_for_config_errors(capsys):
+    assert main(["--config", str(REPO / "configs" / "default.toml"), "hiden_dim=3"]) == 2
+    err = capsys.readouterr().err
+    assert "config error" in err and "'hiden_dim'" in err
+    assert "hidden_dim" in err  # the accepted keys are listed
