@@ -11,15 +11,15 @@ import pytest
 from conftest import TEMPLATE_DIR, run
 
 
-def cookiecutter(out: Path, **answers: str) -> subprocess.CompletedProcess:
-    """Run the cookiecutter CLI as a user would, non-interactively."""
+def cookiecutter(out: Path, *options: str, **answers: str) -> subprocess.CompletedProcess:
+    """Run the cookiecutter CLI as a user would (default: --no-input with these answers)."""
     args = [f"{k}={v}" for k, v in answers.items()]
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "cookiecutter",
-            "--no-input",
+            *(options or ["--no-input"]),
             "-o",
             str(out),
             str(TEMPLATE_DIR),
@@ -162,21 +162,7 @@ def test_replayed_answers_are_validated_too(tmp_path):
     replay_file = tmp_path / "replay.json"
     replay_file.write_text(json.dumps({"cookiecutter": context}))
     out2 = tmp_path / "out2"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cookiecutter",
-            "--replay-file",
-            str(replay_file),
-            "-o",
-            str(out2),
-            str(TEMPLATE_DIR),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = cookiecutter(out2, "--replay-file", str(replay_file))
     assert proc.returncode != 0
     assert (
         "error: cluster = 'eiger' is invalid: expected one of clariden, daint, santis"
