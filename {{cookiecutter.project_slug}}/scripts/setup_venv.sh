@@ -48,6 +48,8 @@ if [[ ${here} -eq 0 ]]; then
     [[ ${squash} -eq 1 ]] && forward+=(--squash)
 {%- if cookiecutter.env_flavour != "uenv" %}
     if [[ "${flavour}" == container ]]; then
+        # The EDF mounts these; the Container Engine refuses to start if a mount source is missing.
+        mkdir -p "{{ cookiecutter.data_dir }}" "{{ cookiecutter.checkpoint_dir }}"
         # The Container Engine only runs under srun: a one-task job on a compute node.
         exec srun {% if cookiecutter.account %}--account={{ cookiecutter.account }} {% endif %}--partition={{ cookiecutter.partition }} --nodes=1 --ntasks=1 --time=00:30:00 \
             --environment="${PWD}/container/edf.toml" bash scripts/setup_venv.sh "${forward[@]}"
@@ -72,7 +74,6 @@ python3 -m venv --system-site-packages "${venv}"
 # Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI):
 # pip then cannot replace it with a generic wheel from PyPI.
 "${venv}/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "${venv}/torch-constraint.txt"
-"${venv}/bin/python" -m pip install --quiet --upgrade pip
 "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable .
 "${venv}/bin/python" - <<'PY'
 import sys
