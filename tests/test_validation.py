@@ -137,35 +137,7 @@ def test_free_text_is_rendered_safely(tmp_path):
     for script in scripts:
         run(["bash", "-n", script], cwd=repo)
     assert not list(tmp_path.rglob("pwned*")) and not Path("pwned").exists()
-    # git got the hostile author name as data too
+    # git got the hostile author name as data too (git itself drops "<" and ">" from names)
     author = run(["git", "log", "-1", "--format=%an"], cwd=repo).stdout.strip()
-    assert author in (
-        HOSTILE,
-        run(["git", "config", "user.name"], cwd=repo, check=False).stdout.strip(),
-    )
-
-
-def test_replayed_answers_are_validated_too(tmp_path):
-    """A replay file skips cookiecutter's own choice check: the pre-gen hook still refuses."""
-    import json
-
-    # the replay context: the template defaults, with one choice broken
-    defaults = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())
-    context = {k: (v[0] if isinstance(v, list) else v) for k, v in defaults.items()}
-    context.update(
-        project_slug="alps-torch-project",
-        package_name="alps_torch_project",
-        checkpoint_dir="${SCRATCH}/runs",
-        data_dir="${SCRATCH}/data",
-        cluster="eiger",
-    )
-    replay_file = tmp_path / "replay.json"
-    replay_file.write_text(json.dumps({"cookiecutter": context}))
-    out2 = tmp_path / "out2"
-    proc = cookiecutter(out2, "--replay-file", str(replay_file))
-    assert proc.returncode != 0
-    assert (
-        "error: cluster = 'eiger' is invalid: expected one of clariden, daint, santis"
-        in proc.stderr
-    )
-    assert not out2.exists() or not any(out2.iterdir())
+    configured = run(["git", "config", "user.name"], cwd=repo, check=False).stdout.strip()
+    assert author in (HOSTILE.replace("<", "").replace(">", ""), configured)
