@@ -16,13 +16,16 @@ def test_benchmark_prints_one_json_line(single_process, capsys):
     result = json.loads(lines[0])
     for key in (
         "train_step_median_s",
-        "train_samples_per_s",
+        "train_tokens_per_s",
         "bare_step_median_s",
-        "bare_samples_per_s",
+        "bare_tokens_per_s",
         "ratio",
+        "gflop_per_step_and_rank",
     ):
         assert result[key] > 0
-    assert result["steps"] == 10 and result["world_size"] == 1
+    assert 0 <= result["data_wait_fraction"] < 1
+    assert result["steps"] == 10 and result["world_size"] == 1 and result["model"] == "gpt:tiny"
+    assert "compile_on" not in result  # compared only on GPU unless asked
 
 
 def test_metrics_records_and_plot(tmp_path, single_process, capsys):
@@ -45,8 +48,9 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
     assert [r["step"] for r in train] == [10, 20, 30]
     for key in (
         "loss",
-        "samples_per_s",
-        "samples_per_s_per_rank",
+        "loss_bits_per_token",
+        "tokens_per_s",
+        "tokens_per_s_per_rank",
         "step_time_s",
         "data_wait_s",
         "peak_mem_gib",
@@ -54,9 +58,9 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
         "lr",
     ):
         assert key in train[0]
-    assert train[0]["samples_per_s"] > 0 and train[-1]["eta_s"] == 0
+    assert train[0]["tokens_per_s"] > 0 and train[-1]["eta_s"] == 0
     assert [r["step"] for r in records if r["kind"] == "eval"] == [15, 30]
-    assert any(r["kind"] == "checkpoint" and r["save_s"] > 0 for r in records)
+    assert any(r["kind"] == "checkpoint" and r["stall_s"] > 0 for r in records)
 
     try:
         import matplotlib  # noqa: F401
@@ -74,4 +78,5 @@ def test_help_lists_the_subcommands(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("train", "benchmark", "make-dataset", "plot"))
+    for name in ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot"):
+        assert name in out

@@ -40,9 +40,18 @@ def test_unknown_key_names_it_and_lists_accepted_keys():
         ("compile=maybe", r"'compile' expects true or false"),
         ("precision=fp8", r"'precision' must be one of auto, bf16, fp16, fp32"),
         ("checkpoint_every=often", r"'checkpoint_every' expects a number of steps"),
-        ("keep_checkpoints=1", r"'keep_checkpoints' must be >= 2"),
-        ("batch_size=0", r"'batch_size' must be > 0"),
+        ("keep_checkpoints=1", r"'keep_checkpoints' must be in \[2, "),
+        ("batch_size=0", r"'batch_size' must be in \[1, "),
         ("max_steps", r"not of the form key=value"),
+        ("seed=-1", r"'seed' must be in \[0, 4294967295\]"),
+        ("seed=99999999999999999999999", r"'seed' must be in"),
+        ("cpu_threads=100000", r"'cpu_threads' must be in \[0, 1024\]"),
+        ("num_workers=-5", r"'num_workers' must be in \[-1, 64\]"),
+        ("max_steps=\u0661\u0662", r"'max_steps' expects an integer"),  # Arabic-Indic 12
+        ("run_dir=a\nb", r"'run_dir' expects one line of printable text"),
+        ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
+        ("parallelism=zero3", r"'parallelism' must be one of ddp, fsdp"),
+        ("model=llama", r"'model' must be one of gpt, mlp"),
     ],
 )
 def test_bad_values_name_the_key_and_the_accepted_form(override, message):
@@ -55,6 +64,16 @@ def test_bad_value_in_file_names_the_key(tmp_path):
     path.write_text('dropout = "high"\n')
     with pytest.raises(ConfigError, match="'dropout' expects a number"):
         load_config(path)
+    path.write_text("max_steps = [1, 2]\n")
+    with pytest.raises(ConfigError, match="'max_steps' expects an integer"):
+        load_config(path)
+
+
+def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b'run_dir = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match="not valid UTF-8 TOML"):
+        load_config(path)
 
 
 def test_saved_config_round_trips(tmp_path):
@@ -63,14 +82,16 @@ def test_saved_config_round_trips(tmp_path):
     assert load_config(tmp_path / "c.toml") == cfg
 
 
-def test_check_resume():
+def test_check_resume(caplog):
     saved = Config().__dict__
     check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
-    with pytest.raises(ConfigError, match="batch_size: 256 -> 64"):
+    with pytest.raises(ConfigError, match="batch_size: 16 -> 64"):
         check_resume(saved, Config(batch_size=64), 2, 2)
-    with pytest.raises(ConfigError, match="world size: 2 -> 4"):
-        check_resume(saved, Config(), 2, 4)
-    check_resume(saved, Config(batch_size=64, force_resume=True), 2, 4)
+    check_resume(saved, Config(), 2, 4)  # another world size reshards the checkpoint
+    assert "world size 2 -> 4" in caplog.text
+    with pytest.raises(ConfigError, match="dataset contents: fingerprint aaaa"):
+        check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
+    check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
 
 
 def test_cli_exit_status_2_and_message_for_config_errors(capsys):

@@ -1,18 +1,22 @@
-"""Datasets, the resumable sampler, the loader position, make-dataset."""
+"""Step-indexed batches (MLP arrays), loader processes, make-dataset for arrays, GPU placement."""
 
 import signal
 
 import numpy as np
+import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import data
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import load_config
 
+MLP = ["model=mlp", "synthetic_samples=120", "eval_samples=20", "num_features=3", "batch_size=4"]
 
-def small_set(n=100):
-    x, y = data.synthetic_arrays(n, 3, 4, seed=0)
-    return data.ArrayDataset(x, y, 4)
+
+def source_and_batches(rank=0, world=2, start_step=0, samples_seen=0, extra=()):
+    cfg = load_config(None, [*MLP, "grad_accum_steps=2", *extra])
+    source = data.open_source(cfg)
+    return source, data.StepBatches(source, cfg, rank, world, start_step, samples_seen)
 
 
 def test_synthetic_data_is_deterministic():
@@ -21,78 +25,79 @@ def test_synthetic_data_is_deterministic():
     assert not np.array_equal(a[0], data.synthetic_arrays(50, 3, 4, 8)[0])
 
 
-def batches_of(ds, rank, epoch, start_batch, n):
-    loader = data.make_loader(ds, 4, rank, 2, seed=1, shuffle=True, workers=0, pin=False)
-    it = data.Batches(loader, epoch, start_batch)
-    return [next(it) for _ in range(n)], it
+def test_a_batch_is_a_function_of_the_step_alone():
+    _, fresh = source_and_batches()
+    _, resumed = source_and_batches(start_step=7, samples_seen=7 * 2 * 2 * 4)
+    for step in (7, 8, 30):
+        for micro in (0, 1):
+            xa, ya = fresh.batch(step, micro)
+            xb, yb = resumed.batch(step, micro)
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def test_resuming_at_an_offset_gives_the_same_batches_without_replaying():
-    ds = small_set()  # 50 samples per rank, 12 batches per epoch
-    full, _ = batches_of(ds, rank=1, epoch=0, start_batch=0, n=20)
-    tail, it = batches_of(ds, rank=1, epoch=0, start_batch=7, n=13)
-    for (xa, ya), (xb, yb) in zip(full[7:], tail, strict=True):
+def test_every_sample_once_per_epoch_and_ranks_disjoint():
+    source, rank0 = source_and_batches(rank=0)
+    _, rank1 = source_and_batches(rank=1)
+    per_step = 2 * 2 * 4  # accum x world x batch
+    steps = source.split // per_step  # 100 training samples: 6 whole steps
+    rows = [
+        {tuple(r.tolist()) for s in range(steps) for m in (0, 1) for r in b.batch(s, m)[0]}
+        for b in (rank0, rank1)
+    ]
+    assert len(rows[0]) == len(rows[1]) == steps * 2 * 4 and not rows[0] & rows[1]
+    epoch0 = source.stream_indices(0, source.split)
+    assert sorted(epoch0.tolist()) == list(range(source.split))  # a permutation
+    assert not np.array_equal(epoch0, source.stream_indices(source.split, source.split))
+
+
+def test_resharding_continues_the_same_sample_stream():
+    """2 ranks until step 5, then 1 rank: the stream position carries over."""
+    source, _ = source_and_batches(world=2)
+    seen = 5 * 2 * 2 * 4
+    _, one = source_and_batches(rank=0, world=1, start_step=5, samples_seen=seen)
+    x, _ = one.batch(5, 0)
+    expected, _ = source.gather(source.stream_indices(seen, 4))
+    assert torch.equal(x, expected)
+    assert one.samples_seen(6) == seen + 2 * 1 * 4
+
+
+def test_loader_processes_give_the_same_batches_in_order():
+    _, batches = source_and_batches()
+    plain = list(data.micro_batches(batches, 6, workers=0, pin=False))
+    pooled = list(data.micro_batches(batches, 6, workers=2, pin=False))
+    assert len(plain) == len(pooled) == 12
+    for (xa, ya), (xb, yb) in zip(plain, pooled, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    assert it.state_dict() == {"epoch": 1, "batch_in_epoch": 8}
-    assert len(it.loader.sampler) == 50  # the next epoch starts at 0 again
 
 
-def test_epochs_are_shuffled_differently_and_ranks_are_disjoint():
-    ds = small_set()
-    epoch0, _ = batches_of(ds, 0, 0, 0, 12)
-    epoch1, _ = batches_of(ds, 0, 1, 0, 12)
-    other, _ = batches_of(ds, 1, 0, 0, 12)
-    assert not torch.equal(epoch0[0][0], epoch1[0][0])  # set_epoch reshuffles
-    rows = [{tuple(r.tolist()) for x, _ in bs for r in x} for bs in (epoch0, other)]
-    assert len(rows[0]) == 48 and not rows[0] & rows[1]
+def test_eval_set_is_the_held_out_tail_split_over_ranks():
+    source, _ = source_and_batches()
+    a = source.eval_batches(4, 0, 2, 100)
+    b = source.eval_batches(4, 1, 2, 100)
+    rows = [{tuple(r.tolist()) for x, _ in s for r in x} for s in (a, b)]
+    assert len(rows[0]) + len(rows[1]) == 20 and not rows[0] & rows[1]
 
 
-def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path, capsys):
+def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     out = tmp_path / "ds"
-    assert (
-        main(
-            [
-                "make-dataset",
-                "--out",
-                str(out),
-                "--samples",
-                "300",
-                "--features",
-                "5",
-                "--classes",
-                "3",
-            ]
-        )
-        == 0
-    )
+    argv = ["make-dataset", "--out", str(out), "--samples", "300", "--features", "5"]
+    assert main([*argv, "--classes", "3"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["index.json", "x.npy", "y.npy"]
-    ds = data.open_dataset(out)
-    assert isinstance(ds.x, np.memmap) and (len(ds), ds.num_features, ds.num_classes) == (300, 5, 3)
-    x, y = ds.__getitems__([5, 1])
-    assert x.shape == (2, 5) and y.dtype == torch.int64
+    x, y, classes, fingerprint = data.open_dataset(out)
+    assert isinstance(x, np.memmap) and x.shape == (300, 5) and classes == 3
 
-    np.save(tmp_path / "x.npy", np.asarray(ds.x)[:200])
-    np.save(tmp_path / "y.npy", np.asarray(ds.y)[:200])
-    assert (
-        main(
-            [
-                "make-dataset",
-                "--out",
-                str(tmp_path / "from_npy"),
-                "--x",
-                str(tmp_path / "x.npy"),
-                "--y",
-                str(tmp_path / "y.npy"),
-            ]
-        )
-        == 0
-    )
-    again = data.open_dataset(tmp_path / "from_npy")
-    assert np.array_equal(again.x, np.asarray(ds.x)[:200])
+    np.save(tmp_path / "x.npy", np.asarray(x)[:200])
+    np.save(tmp_path / "y.npy", np.asarray(y)[:200])
+    copy = tmp_path / "from_npy"
+    npy = ["--x", str(tmp_path / "x.npy"), "--y", str(tmp_path / "y.npy")]
+    assert main(["make-dataset", "--out", str(copy), *npy]) == 0
+    again = data.open_dataset(copy)
+    assert np.array_equal(again[0], np.asarray(x)[:200])
+    assert again[3] != fingerprint  # other contents, other fingerprint
 
-    cfg = load_config(None, [f"dataset={out}", "eval_samples=50"])
-    train, evaluation = data.load_datasets(cfg)
-    assert (len(train), len(evaluation), train.num_features) == (250, 50, 5)
+    cfg = load_config(None, ["model=mlp", f"dataset={out}", "eval_samples=50"])
+    source = data.open_source(cfg)
+    assert (source.split, source.info.num_features, source.info.fingerprint) == (250, 5, fingerprint)
 
 
 def test_num_workers_from_slurm_cpus_per_task(monkeypatch):
@@ -114,9 +119,18 @@ def test_loader_workers_ignore_preemption_signals():
             signal.signal(sig, handler)
 
 
-def test_loader_with_workers_matches_loader_without():
-    ds = small_set()
-    plain = data.make_loader(ds, 4, 0, 2, seed=1, shuffle=True, workers=0, pin=False)
-    pooled = data.make_loader(ds, 4, 0, 2, seed=1, shuffle=True, workers=2, pin=False)
-    for (xa, _), (xb, _) in zip(plain, pooled, strict=True):
-        assert torch.equal(xa, xb)
+def test_dataset_stays_on_the_host_on_cpu_and_when_told():
+    assert not data.fits_on_gpu(10, torch.device("cpu"), "true")
+    assert not data.fits_on_gpu(10, torch.device("cuda", 0), "false")
+    assert data.fits_on_gpu(10, torch.device("cuda", 0), "true")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_resident_batches_equal_host_batches():
+    _, host = source_and_batches()
+    source, on_gpu = source_and_batches()
+    source.to(torch.device("cuda", 0))
+    for step, micro in ((0, 0), (9, 1)):
+        xa, ya = host.batch(step, micro)
+        xb, yb = on_gpu.batch(step, micro)
+        assert xb.is_cuda and torch.equal(xa, xb.cpu()) and torch.equal(ya, yb.cpu())

@@ -108,17 +108,30 @@ def test_uneven_tasks_per_node():
 
 
 @pytest.mark.parametrize(
-    ("local_rank", "gpus", "expected"),
+    ("requested", "local_rank", "local_world", "gpus", "visible", "expected"),
     [
-        (0, 0, "cpu"),
-        (3, 0, "cpu"),
-        (3, 4, "cuda:3"),  # all four GPUs of a node visible: index = local rank
-        (3, 1, "cuda:0"),  # --gpus-per-task=1: each task sees only its own GPU, as index 0
-        (5, 4, "cuda:1"),
+        ("auto", 0, 1, 0, None, "cpu"),
+        ("auto", 3, 4, 0, None, "cpu"),
+        ("cpu", 1, 2, 4, None, "cpu"),  # CPU on a GPU node when asked
+        ("auto", 3, 4, 4, "0,1,2,3", "cuda:3"),  # all four GPUs visible: index = local rank
+        ("cuda", 3, 4, 1, "3", "cuda:0"),  # --gpus-per-task=1: its own GPU, as index 0
+        ("auto", 0, 1, 1, None, "cuda:0"),  # one process on a one-GPU machine
     ],
 )
-def test_choose_device(local_rank, gpus, expected):
-    assert choose_device(local_rank, gpus) == torch.device(expected)
+def test_choose_device(requested, local_rank, local_world, gpus, visible, expected):
+    assert choose_device(requested, local_rank, local_world, gpus, 0, visible) == torch.device(
+        expected
+    )
+
+
+def test_two_ranks_on_one_gpu_is_a_clear_error_before_nccl():
+    with pytest.raises(LaunchError, match=r"rank 1 .*local rank 1 of 2.*only 1 GPU.*device=cpu"):
+        choose_device("auto", 1, 2, 1, rank=1, visible=None)
+
+
+def test_cuda_without_a_gpu_names_the_rank_and_the_fix():
+    with pytest.raises(LaunchError, match=r"rank 5: device=cuda but no GPU.*--gpus-per-node"):
+        choose_device("cuda", 1, 4, 0, rank=5, visible="")
 
 
 def test_process_group_binds_the_device_from_the_visible_count(monkeypatch):
@@ -126,7 +139,7 @@ def test_process_group_binds_the_device_from_the_visible_count(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(key, raising=False)
     threads = torch.get_num_threads()
-    with distributed.process_group(timeout_s=10, threads=1) as (env, device):
+    with distributed.process_group(timeout_s=10, threads=1, device="auto") as (env, device):
         assert env.world_size == 1 and device == torch.device("cpu")
         assert not torch.distributed.is_initialized()
     torch.set_num_threads(threads)

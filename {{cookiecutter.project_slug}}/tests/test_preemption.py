@@ -5,7 +5,7 @@ import signal
 import time
 
 import torch
-from conftest import TINY
+from conftest import TINY, checkpoint_steps
 
 from {{ cookiecutter.package_name }} import preemption
 from {{ cookiecutter.package_name }}.config import load_config
@@ -36,6 +36,50 @@ def test_deadline():
     assert deadline.near(until_next_check_s=30, save_s=15, now=now)
 
 
+class Schedule:
+    """A stand-in CheckpointSchedule: saves every `every` steps; `due` says a time-based save."""
+
+    def __init__(self, every=0, due=False):
+        self.every, self.due, self.write_s = every, due, 2.0
+
+    def due_by_steps(self, step):
+        return self.every > 0 and step % self.every == 0
+
+    def due_by_time(self):
+        return self.due
+
+
+def policy(flag=None, end_time=None, schedule=None, check_every=5, max_steps=100):
+    flag = flag or preemption.PreemptionFlag()
+    deadline = preemption.Deadline(end_time, safety_s=10)
+    return preemption.StopPolicy(
+        flag, deadline, schedule or Schedule(), check_every, max_steps, torch.device("cpu")
+    )
+
+
+def test_stop_policy_saves_by_steps_and_at_the_end_without_agreement():
+    p = policy(schedule=Schedule(every=3))
+    assert [s for s in range(1, 101) if p.poll(s).save] == [*range(3, 100, 3), 100]
+    assert not any(p.poll(s).stop for s in range(1, 101))
+
+
+def test_stop_policy_acts_on_a_signal_only_at_agreement_steps():
+    flag = preemption.PreemptionFlag()
+    p = policy(flag=flag)
+    flag.received = signal.SIGUSR2  # as the handler would
+    assert p.poll(3) == preemption.Decision(False, False)
+    decision = p.poll(5)
+    assert decision.stop and decision.save and decision.reason == "received SIGUSR2"
+
+
+def test_stop_policy_stops_before_the_end_time_and_saves_by_time():
+    p = policy(end_time=time.time() + 5)  # less than safety + write time left
+    assert p.poll(5).reason == "SLURM_JOB_END_TIME near"
+    p = policy(schedule=Schedule(due=True))
+    assert p.poll(5) == preemption.Decision(False, True)
+    assert p.poll(100) == preemption.Decision(False, True)  # the last step always saves
+
+
 def test_stops_before_slurm_job_end_time_with_requeue_status(tmp_path, single_process, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 30))
     run_dir = tmp_path / "run"
@@ -51,7 +95,7 @@ def test_stops_before_slurm_job_end_time_with_requeue_status(tmp_path, single_pr
     )
     assert train(cfg) == preemption.REQUEUE_EXIT_CODE == 3
     assert (run_dir / "REQUEUE").read_text().startswith("step 4: SLURM_JOB_END_TIME")
-    assert [p.name for p in (run_dir / "checkpoints").glob("*.pt")] == ["step-00000004.pt"]
+    assert checkpoint_steps(run_dir) == [4]
 
     monkeypatch.delenv("SLURM_JOB_END_TIME")
     assert train(cfg) == 0

@@ -1,29 +1,33 @@
-"""Exact resume on 2 CPU ranks: after kill -9 and after a preemption signal to one rank.
+"""Exact resume on 2 CPU ranks (gloo): after kill -9 and after a preemption signal to one rank,
+with DDP and with FSDP2; and resharding (a 2-rank checkpoint continued by 1 rank).
 
-Each interrupted run must end with model and optimizer state bit-identical to the
-uninterrupted reference run (same seeds, same world size, gloo on CPU is deterministic).
+Each interrupted run must end with model, optimizer, schedule and RNG state bit-identical to the
+uninterrupted reference run (same seeds, same world size; gloo on CPU is deterministic).
 """
 
 import signal
 
+import pytest
 from conftest import (
     assert_same_training_state,
     checkpoint_steps,
+    last_logged_step,
     train_ranks,
 )
 
-FINAL = 200
+FINAL = 120
 
 
 def test_reference_run_finished(reference_run):
-    assert checkpoint_steps(reference_run) == [180, 190, 200]  # keep_checkpoints=3
+    assert checkpoint_steps(reference_run) == [100, 110, 120]  # keep_checkpoints=3
     assert (reference_run / "config.toml").exists()
     assert not (reference_run / "REQUEUE").exists()
+    assert not (reference_run / "LOCK").exists()  # released at the end
 
 
-def test_kill_9_then_same_command_resumes_exactly(reference_run, tmp_path):
+def kill_mid_run_then_resume(reference, tmp_path, extra=()):
     run_dir = tmp_path / "run"
-    ranks = train_ranks(run_dir, tmp_path / "logs1")
+    ranks = train_ranks(run_dir, tmp_path / "logs1", list(extra))
     ranks.wait_for_step(run_dir, 47)  # some arbitrary step, not a checkpoint step
     assert ranks.running(), "the run finished before it could be killed"
     ranks.send(signal.SIGKILL)
@@ -31,10 +35,18 @@ def test_kill_9_then_same_command_resumes_exactly(reference_run, tmp_path):
     killed_at = checkpoint_steps(run_dir)
     assert killed_at and max(killed_at) < FINAL
 
-    again = train_ranks(run_dir, tmp_path / "logs2")
+    again = train_ranks(run_dir, tmp_path / "logs2", list(extra))
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert "RESUMING" in again.log(0)
-    assert_same_training_state(reference_run, run_dir, FINAL)
+    assert_same_training_state(reference, run_dir, FINAL)
+
+
+def test_kill_9_then_same_command_resumes_exactly(reference_run, tmp_path):
+    kill_mid_run_then_resume(reference_run, tmp_path)
+
+
+def test_fsdp_kill_9_then_resumes_exactly(fsdp_reference_run, tmp_path):
+    kill_mid_run_then_resume(fsdp_reference_run, tmp_path, ["parallelism=fsdp"])
 
 
 def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_run, tmp_path):
@@ -59,3 +71,21 @@ def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert not (run_dir / "REQUEUE").exists()
     assert_same_training_state(reference_run, run_dir, FINAL)
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_two_rank_checkpoint_resumes_on_one_rank(parallelism, tmp_path):
+    """Resharding: the same command on fewer ranks continues from the checkpoint, no force."""
+    run_dir = tmp_path / "run"
+    extra = [f"parallelism={parallelism}", "max_steps=40", "eval_every=0", "checkpoint_every=0"]
+    first = train_ranks(run_dir, tmp_path / "logs1", extra)
+    first.wait_for_step(run_dir, 10)
+    first.send(signal.SIGUSR2)
+    assert first.wait() == [3, 3], first.log(0)[-3000:]
+    (stopped,) = checkpoint_steps(run_dir)
+
+    one = train_ranks(run_dir, tmp_path / "logs2", extra, world=1)
+    assert one.wait() == [0], one.log(0)[-3000:]
+    log = one.log(0)
+    assert f"from checkpoint step {stopped}" in log and "world size 2 -> 1" in log
+    assert checkpoint_steps(run_dir) == [stopped, 40] and last_logged_step(run_dir) == 40

@@ -2,12 +2,17 @@
 forward/backward/optimizer loop on the same model and batch size; prints one JSON line.
 
 The bare loop does the same math (autocast, loss, backward, clipping, AdamW) on one batch that
-is already on the device; the package step adds what a real run needs (the data loader, the
-schedule, loss bookkeeping, DDP when there are several ranks). The ratio is the overhead.
+is already on the device; the package step adds what a real run needs (the input pipeline, the
+schedule, loss bookkeeping, DDP/FSDP when there are several ranks). `ratio` is the overhead
+(goal: <= 1.03). On CUDA, time is measured with a synchronisation at the ends of each block of
+steps only, so the CPU can run ahead as it does in training. MFU is model FLOPs per second over
+`peak_tflops`; `data_wait_fraction` is the share of the package's time spent waiting for input.
+With `bench_compare_compile=true` the other `compile` setting is measured too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -17,70 +22,121 @@ import torch
 from . import distributed
 from .config import Config
 from .distributed import DistEnv
-from .model import loss_fn
-from .train import build, make_optimizer, train_step
+from .model import build_model, loss_fn
+from .train import build, input_pipeline, make_optimizer, parallel, train_step
+
+BLOCK = 5  # steps per timed block; blocks of the two loops alternate
+
+# `benchmark --size large`: the 75M-parameter MLP whose input once stalled an H100.
+SIZES = {
+    "default": [],
+    "large": [
+        "model=mlp",
+        "num_features=1024",
+        "hidden_dim=8192",
+        "batch_size=4096",
+        "synthetic_samples=65536",
+        "eval_samples=4096",
+    ],
+}
 
 
-def _timed(step, device: torch.device, n: int) -> list[float]:
-    times = []
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _block_time(step, device: torch.device, n: int) -> float:
+    """Seconds per step over `n` steps, synchronised at the ends only."""
+    _sync(device)
+    start = time.perf_counter()
     for _ in range(n):
-        start = time.perf_counter()
         step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def benchmark(cfg: Config) -> dict:
-    with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads) as (env, device):
-        result = measure(cfg, env, device)
-    return result if env.is_main else {}
+    _sync(device)
+    return (time.perf_counter() - start) / n
 
 
 def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
-    """Warmup, then `bench_steps` steps of each loop, alternating; the JSON record."""
-    p = build(cfg, env, device)
-    x, y = next(p.batches)
-    x, y = x.to(device), y.to(device)
-    bare_model = p.model
-    bare_opt = make_optimizer(bare_model, cfg, device)
+    """Warmup, then `bench_steps` steps of each loop in alternating blocks; the figures."""
+    run = build(cfg, env, device)
+    total = cfg.bench_warmup + cfg.bench_steps + BLOCK
+    _, inputs = input_pipeline(run, total + 1)
+    try:
+        x, y = next(inputs)
+        torch.manual_seed(cfg.seed)
+        bare_model = build_model(cfg, run.source.info)
+        if cfg.compile:
+            parallel.apply_compile(bare_model)
+        bare_model.to(device)
+        bare_opt = make_optimizer(bare_model, cfg, device)
 
-    def bare_step():
-        for _ in range(cfg.grad_accum_steps):
-            with p.autocast():
-                loss = loss_fn(bare_model(x), y) / cfg.grad_accum_steps
-            loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
-        bare_opt.step()
-        bare_opt.zero_grad(set_to_none=True)
+        def bare_step():
+            for _ in range(cfg.grad_accum_steps):
+                with run.autocast():
+                    loss = loss_fn(bare_model(x), y) / cfg.grad_accum_steps
+                loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
+            bare_opt.step()
+            bare_opt.zero_grad(set_to_none=True)
 
-    def package_step():
-        train_step(p)
+        def package_step():
+            train_step(run, inputs)
+            run.state.step += 1
 
-    _timed(package_step, device, cfg.bench_warmup)
-    _timed(bare_step, device, cfg.bench_warmup)
-    ours, bare = [], []
-    for _ in range(cfg.bench_steps):  # alternating: busy neighbours slow both alike
-        ours += _timed(package_step, device, 1)
-        bare += _timed(bare_step, device, 1)
-    accum = cfg.grad_accum_steps
-    samples = cfg.batch_size * accum * env.world_size
+        for step in (package_step, bare_step):
+            _block_time(step, device, max(cfg.bench_warmup, 1))
+        ours, bare = [], []
+        wait_before = inputs.wait_s
+        for _ in range(max(1, cfg.bench_steps // BLOCK)):  # alternating: noise hits both alike
+            ours.append(_block_time(package_step, device, BLOCK))
+            bare.append(_block_time(bare_step, device, BLOCK))
+        wait = inputs.wait_s - wait_before
+    finally:
+        inputs.close()
+    ours_s, bare_s = statistics.median(ours), statistics.median(bare)
+    units = "tokens" if cfg.model == "gpt" else "samples"
+    per_step = cfg.batch_size * cfg.grad_accum_steps * env.world_size
+    if cfg.model == "gpt":
+        per_step *= run.source.block_size
     result = {
+        "model": cfg.model if cfg.model != "gpt" else f"gpt:{cfg.preset}",
         "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "world_size": env.world_size,
+        "parallelism": cfg.parallelism,
+        "compile": cfg.compile,
         "threads": torch.get_num_threads(),
         "batch_size": cfg.batch_size,
-        "grad_accum_steps": accum,
-        "steps": len(ours),
-        "train_step_median_s": statistics.median(ours),
-        "train_samples_per_s": samples / statistics.median(ours),
-        "bare_step_median_s": statistics.median(bare),
-        "bare_samples_per_s": samples / statistics.median(bare),
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "steps": len(ours) * BLOCK,
+        "train_step_median_s": ours_s,
+        "bare_step_median_s": bare_s,
+        f"train_{units}_per_s": per_step / ours_s,
+        f"bare_{units}_per_s": per_step / bare_s,
+        "ratio": ours_s / bare_s,
+        "data_wait_fraction": wait / (sum(ours) * BLOCK),
+        "gflop_per_step_and_rank": run.flops_per_step / 1e9,
     }
-    result["ratio"] = result["train_step_median_s"] / result["bare_step_median_s"]
+    if device.type == "cuda":
+        peak = cfg.peak_tflops * 1e12
+        result["mfu"] = run.flops_per_step / ours_s / peak
+        result["bare_mfu"] = run.flops_per_step / bare_s / peak
+        result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
+
+
+def benchmark(cfg: Config) -> dict:
+    with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
+        result = measure(cfg, env, dev)
+        compare = cfg.bench_compare_compile
+        if compare == "true" or (compare == "auto" and dev.type == "cuda"):
+            other = measure(dataclasses.replace(cfg, compile=not cfg.compile), env, dev)
+            on, off = (result, other) if cfg.compile else (other, result)
+            keys = ("train_step_median_s", "bare_step_median_s", "ratio", "mfu", "bare_mfu")
+            result["compile_on"] = {k: on[k] for k in keys if k in on}
+            result["compile_off"] = {k: off[k] for k in keys if k in off}
+    return result if env.is_main else {}
 
 
 def main(cfg: Config) -> int:

@@ -1,7 +1,7 @@
-"""Command line: `python -m <pkg> [train|benchmark|make-dataset|plot] ...`.
+"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|export|plot] ...`.
 
-Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration error,
-1 any other failure.
+Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
+error, 1 any other failure (including a run directory held by another live job).
 """
 
 from __future__ import annotations
@@ -16,42 +16,89 @@ from .distributed import LaunchError
 
 log = logging.getLogger(__package__)
 
-COMMANDS = ("train", "benchmark", "make-dataset", "plot")
+COMMANDS = ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot")
 PROG = f"python -m {__package__}"
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="DDP training on CPU or GPU.")
-    sub = parser.add_subparsers(dest="command", metavar="{train,benchmark,make-dataset,plot}")
-    for name, text in (
-        ("train", "train, or resume from the newest checkpoint (default)"),
-        ("benchmark", "time the training step against a bare loop (JSON)"),
-    ):
-        cmd = sub.add_parser(name, help=text, description=text)
-        cmd.add_argument("--config", type=Path, help="TOML file, e.g. configs/default.toml")
-        cmd.add_argument(
-            "overrides",
-            nargs="*",
-            metavar="key=value",
-            help="override config keys, e.g. max_steps=100 run_dir=runs/a",
-        )
-    make = sub.add_parser("make-dataset", help="write a memmap dataset directory")
-    make.add_argument("--out", type=Path, required=True, help="directory to write")
-    make.add_argument("--x", type=Path, help="inputs .npy (N, features); default: synthetic")
-    make.add_argument("--y", type=Path, help="integer labels .npy (N,)")
-    make.add_argument("--samples", type=int, default=16384, help="synthetic: number of samples")
-    make.add_argument("--features", type=int, default=64, help="synthetic: input features")
-    make.add_argument(
-        "--classes", type=int, help="number of classes (synthetic: 10; .npy: max label + 1)"
+def add_config_arguments(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--config", type=Path, help="TOML file, e.g. configs/default.toml")
+    cmd.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="override config keys, e.g. max_steps=100 run_dir=runs/a",
     )
-    make.add_argument("--seed", type=int, default=1234, help="synthetic: seed")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Training on CPU or GPU.")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    train = sub.add_parser("train", help="train, or resume from the newest checkpoint (default)")
+    add_config_arguments(train)
+    bench = sub.add_parser("benchmark", help="time the training step against a bare loop (JSON)")
+    add_config_arguments(bench)
+    bench.add_argument("--size", choices=("default", "large"), default="default",
+                       help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)")
+    bench.add_argument("--model", choices=("gpt", "mlp"), help="same as model=...")
+    bench.add_argument("--preset", help="same as preset=..., e.g. gpt2-124m")
+    sub.add_parser("doctor", help="check this node's environment, then all-reduce bandwidth",
+                   add_help=False)
+    make = sub.add_parser("make-dataset", help="write a dataset directory")
+    make.add_argument("--out", type=Path, required=True, help="directory to write")
+    source = make.add_mutually_exclusive_group()
+    source.add_argument("--stdlib", action="store_true",
+                        help="GPT: the Python standard library's sources as byte tokens (offline)")
+    source.add_argument("--text", type=Path, nargs="+", metavar="FILE",
+                        help="GPT: plain text files, byte-level tokens (vocab 256)")
+    source.add_argument("--tokens", type=Path, metavar="FILE",
+                        help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)")
+    source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
+    make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
+    make.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
+    make.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
+    make.add_argument("--features", type=int, default=64, help="MLP synthetic: input features")
+    make.add_argument("--classes", type=int,
+                      help="MLP: number of classes (synthetic: 10; .npy: max label + 1)")
+    make.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
+    gen = sub.add_parser("generate", help="sample text from a run's newest checkpoint")
+    gen.add_argument("run", metavar="run_dir=DIR", help="the run directory")
+    gen.add_argument("--prompt", default="\n", help="text to continue")
+    gen.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-k", type=int, default=200)
+    gen.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    gen.add_argument("--seed", type=int, default=0)
+    export = sub.add_parser("export", help="one unsharded model file from a run's checkpoint")
+    export.add_argument("run", metavar="run_dir=DIR", help="the run directory")
+    export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
     plot = sub.add_parser("plot", help="PNG of loss and throughput from metrics.jsonl")
     plot.add_argument("path", type=Path, help="run directory or metrics.jsonl")
     plot.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
     return parser
 
 
+def run_dir_argument(text: str) -> Path:
+    """`run_dir=DIR` (the spelling of the training overrides) or a plain path."""
+    return Path(text.partition("=")[2] if text.startswith("run_dir=") else text)
+
+
 def make_dataset(args: argparse.Namespace) -> int:
+    from . import tokens
+
+    if args.stdlib or args.text:
+        files = tokens.stdlib_files() if args.stdlib else args.text
+        summary = tokens.write_text_dataset(files, args.out)
+    elif args.tokens:
+        if args.vocab_size is None:
+            raise ConfigError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
+        summary = tokens.write_token_dataset(args.tokens, args.vocab_size, args.out)
+    else:
+        return make_array_dataset(args)
+    print(f"wrote {summary} to {args.out} (train with model=gpt dataset={args.out})")
+    return 0
+
+
+def make_array_dataset(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .data import synthetic_arrays, write_dataset
@@ -65,42 +112,83 @@ def make_dataset(args: argparse.Namespace) -> int:
         classes = args.classes or 10
         x, y = synthetic_arrays(args.samples, args.features, classes, args.seed)
     out = write_dataset(args.out, x, y, classes)
-    print(f"wrote {len(x)} samples x {x.shape[1]} features to {out} (use it with dataset={out})")
+    print(f"wrote {len(x)} samples x {x.shape[1]} features to {out} (model=mlp dataset={out})")
     return 0
+
+
+def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.command == "make-dataset":
+        return make_dataset(args)
+    if args.command == "doctor":
+        from .doctor import main as doctor
+
+        return doctor(argv[1:])
+    if args.command == "generate":
+        from .generate import generate
+
+        text = generate(
+            run_dir_argument(args.run),
+            args.prompt,
+            args.tokens,
+            args.temperature,
+            args.top_k,
+            args.device,
+            args.seed,
+        )
+        print(text)
+        return 0
+    if args.command == "export":
+        from .checkpoint import export_model
+
+        print(f"wrote {export_model(run_dir_argument(args.run), args.out)}")
+        return 0
+    if args.command == "plot":
+        from .metrics import plot
+
+        print(f"wrote {plot(args.path, args.out)}")
+        return 0
+    overrides = list(args.overrides)
+    if args.command == "benchmark":
+        from .benchmark import SIZES
+        from .benchmark import main as run_benchmark
+
+        extra = SIZES[args.size] + [f"model={args.model}"] * bool(args.model)
+        extra += [f"preset={args.preset}"] * bool(args.preset)
+        return run_benchmark(load_config(args.config, extra + overrides))
+    from .train import train
+
+    return train(load_config(args.config, overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python -m <pkg> --config ... key=value` trains
-    args = make_parser().parse_args(argv)
+    if argv[0] == "doctor":  # doctor parses its own options
+        args = argparse.Namespace(command="doctor")
+    else:
+        args = make_parser().parse_args(argv)
     if not logging.getLogger(__package__).handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from .rundir_lock import RunDirBusy
+    from .tokens import DatasetError
+
     try:
-        if args.command == "make-dataset":
-            return make_dataset(args)
-        if args.command == "plot":
-            from .metrics import plot
-
-            try:
-                print(f"wrote {plot(args.path, args.out)}")
-            except (RuntimeError, OSError) as err:  # no matplotlib, no metrics file
-                print(f"{PROG} plot: {err}", file=sys.stderr)
-                return 1
-            return 0
-        cfg = load_config(args.config, args.overrides)
-        if args.command == "benchmark":
-            from .benchmark import main as run_benchmark
-
-            return run_benchmark(cfg)
-        from .train import train
-
-        return train(cfg)
+        return dispatch(args, argv)
     except ConfigError as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
-    except LaunchError as err:
-        print(f"{PROG}: launch error: {err}", file=sys.stderr)
+    except DatasetError as err:
+        print(f"{PROG} {args.command}: dataset error: {err}", file=sys.stderr)
+        return 2
+    except (LaunchError, RunDirBusy) as err:
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except (RuntimeError, OSError, ValueError) as err:
+        if args.command in ("train", "benchmark"):
+            logging.getLogger(__package__).exception("failed")
+        else:  # a one-line error for the small commands
+            print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except Exception:
         logging.getLogger(__package__).exception("failed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, fields
@@ -30,49 +31,68 @@ class ConfigError(ValueError):
 @dataclass
 class Config:
     # run
-    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, config.toml, REQUEUE marker
+    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, config.toml, LOCK, REQUEUE
     seed: int = 1234
     max_steps: int = 300  # optimizer steps
+    device: str = "auto"  # auto (CUDA when a GPU is visible, else CPU), cpu, cuda
+    # model: "gpt" (a GPT-2 style language model) or "mlp" (the minimal classifier example)
+    model: str = "gpt"
+    preset: str = "gpt2-124m"  # gpt: tiny, gpt2-124m, gpt2-350m, gpt2-1.3b
+    n_layer: int = 0  # gpt: 0 keeps the preset's value
+    n_head: int = 0
+    n_embd: int = 0
+    block_size: int = 0  # gpt: context length in tokens
+    vocab_size: int = 0  # gpt: 0 = the dataset's (synthetic: 50257, GPT-2's)
+    hidden_dim: int = 256  # mlp only
+    dropout: float = 0.0
     # data
     dataset: str = "synthetic"  # "synthetic" or a directory written by `make-dataset`
-    synthetic_samples: int = 16384
-    eval_samples: int = 2048  # held out from the end of the dataset
-    num_features: int = 64  # synthetic data only (a dataset directory says its own)
-    num_classes: int = 10  # synthetic data only
-    batch_size: int = 256  # per rank and micro-step
+    synthetic_samples: int = 16384  # mlp: samples; gpt: synthetic tokens are 2**20
+    eval_samples: int = 2048  # mlp: held out from the end of the dataset
+    num_features: int = 64  # mlp synthetic data only (a dataset directory says its own)
+    num_classes: int = 10  # mlp synthetic data only
+    batch_size: int = 16  # per rank and micro-step (gpt: sequences of block_size tokens)
     grad_accum_steps: int = 1
-    num_workers: int = -1  # -1: from SLURM_CPUS_PER_TASK (0 without it)
-    # model
-    hidden_dim: int = 256
-    dropout: float = 0.1
-    # optimizer and schedule (linear warmup, cosine decay to min_lr at max_steps)
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    num_workers: int = -1  # loader processes; -1: from SLURM_CPUS_PER_TASK (0 without it)
+    data_on_gpu: str = "auto"  # keep an in-memory dataset on the GPU when it fits: auto, true, false
+    # optimizer and schedule (AdamW; linear warmup, cosine decay to min_lr at max_steps)
+    lr: float = 6e-4
+    min_lr: float = 6e-5
     warmup_steps: int = 30
-    weight_decay: float = 0.01
+    weight_decay: float = 0.1
+    beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
-    # speed
+    # speed and parallelism
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32
     compile: bool = False
     tf32: bool = True
+    parallelism: str = "ddp"  # ddp (replicas) or fsdp (FSDP2: parameters sharded over ranks)
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory
+    cpu_offload: bool = False  # fsdp: parameters and optimizer state in CPU memory
     # logging and evaluation
     log_every: int = 25
     eval_every: int = 100  # 0 disables periodic evaluation
-    peak_tflops: float = 989.0  # per GPU, for MFU (GH200 dense bf16)
+    eval_batches: int = 20  # per rank and evaluation
+    peak_tflops: float = 989.0  # per GPU, for MFU (H100/GH200 dense bf16)
+    tracker: str = "none"  # none, tensorboard, wandb (metrics.jsonl is always written)
+    wandb_project: str = ""  # "" = the package name
+    wandb_mode: str = "offline"  # compute nodes have no internet: `wandb sync` from a login node
     # checkpoints
     checkpoint_every: str = "100"  # steps ("100"), minutes ("30min"), "auto", or "0" (end only)
     keep_checkpoints: int = 3
+    async_checkpoint: str = "auto"  # auto (async on GPU), true, false
     mtbf_hours: float = 24.0  # job MTBF for checkpoint_every="auto" (Young/Daly)
     force_resume: bool = False
     # preemption and time limit
     preempt_check_every: int = 10  # steps between the ranks' agreement on stopping
     end_time_margin_s: float = 60.0  # safety margin before SLURM_JOB_END_TIME
     # distributed
-    dist_timeout_s: float = 900.0
+    dist_timeout_s: float = 300.0  # a collective that hangs this long fails the job
     cpu_threads: int = 0  # 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores/ranks
     # benchmark
     bench_warmup: int = 10
     bench_steps: int = 60
+    bench_compare_compile: str = "auto"  # also measure the other `compile` setting (auto: on GPU)
 
 
 # Changing any of these changes the model, optimizer, data order or schedule, so a checkpoint
@@ -80,6 +100,15 @@ class Config:
 RESUME_MUST_MATCH = (
     "seed",
     "max_steps",
+    "model",
+    "preset",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "vocab_size",
+    "hidden_dim",
+    "dropout",
     "dataset",
     "synthetic_samples",
     "eval_samples",
@@ -87,39 +116,62 @@ RESUME_MUST_MATCH = (
     "num_classes",
     "batch_size",
     "grad_accum_steps",
-    "hidden_dim",
-    "dropout",
     "lr",
     "min_lr",
     "warmup_steps",
     "weight_decay",
+    "beta2",
     "grad_clip",
     "precision",
 )
 
-CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32")}
-POSITIVE = (
-    "max_steps",
-    "batch_size",
-    "grad_accum_steps",
-    "hidden_dim",
-    "log_every",
-    "preempt_check_every",
-    "bench_steps",
-    "synthetic_samples",
-)
-NON_NEGATIVE = (
-    "eval_samples",
-    "warmup_steps",
-    "eval_every",
-    "bench_warmup",
-    "cpu_threads",
-    "grad_clip",
-    "weight_decay",
-    "end_time_margin_s",
-    "min_lr",
-)
-INTERVAL = re.compile(r"(\d+)|(\d+(?:\.\d+)?)min|auto")
+CHOICES = {
+    "device": ("auto", "cpu", "cuda"),
+    "model": ("gpt", "mlp"),
+    "preset": ("tiny", "gpt2-124m", "gpt2-350m", "gpt2-1.3b"),
+    "precision": ("auto", "bf16", "fp16", "fp32"),
+    "parallelism": ("ddp", "fsdp"),
+    "data_on_gpu": ("auto", "true", "false"),
+    "async_checkpoint": ("auto", "true", "false"),
+    "tracker": ("none", "tensorboard", "wandb"),
+    "wandb_mode": ("offline", "online", "disabled"),
+    "bench_compare_compile": ("auto", "true", "false"),
+}
+# Inclusive bounds; values outside them are typos or would exhaust the machine.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "seed": (0, 2**32 - 1),  # numpy seeds are 32-bit
+    "max_steps": (1, 10**12),
+    "n_layer": (0, 1024),
+    "n_head": (0, 1024),
+    "n_embd": (0, 65536),
+    "block_size": (0, 2**20),
+    "vocab_size": (0, 2**24),
+    "hidden_dim": (1, 2**20),
+    "synthetic_samples": (1, 2**31 - 1),
+    "eval_samples": (0, 2**31 - 1),
+    "num_features": (1, 2**20),
+    "num_classes": (2, 2**24),
+    "batch_size": (1, 2**24),
+    "grad_accum_steps": (1, 2**16),
+    "num_workers": (-1, 64),
+    "warmup_steps": (0, 10**12),
+    "log_every": (1, 10**12),
+    "eval_every": (0, 10**12),
+    "eval_batches": (1, 10**6),
+    "peak_tflops": (1e-3, 1e6),
+    "keep_checkpoints": (2, 10**6),
+    "mtbf_hours": (1e-3, 1e6),
+    "preempt_check_every": (1, 10**6),
+    "end_time_margin_s": (0, 86400),
+    "dist_timeout_s": (1, 86400),
+    "cpu_threads": (0, 1024),
+    "bench_warmup": (0, 10**6),
+    "bench_steps": (1, 10**6),
+    "min_lr": (0, 1e3),
+    "weight_decay": (0, 1e3),
+    "grad_clip": (0, 1e9),
+}
+INTERVAL = re.compile(r"([0-9]+)|([0-9]+(?:\.[0-9]+)?)min|auto", re.ASCII)
 
 _FORMS = {
     int: "an integer, e.g. 100",
@@ -141,6 +193,8 @@ def parse_value(key: str, value: Any) -> Any:
         raise ConfigError(f"unknown config key {key!r}; accepted keys: {', '.join(types)}")
     kind = types[key]
     try:
+        if not isinstance(value, str | int | float | bool):  # a TOML list, table or date
+            raise ValueError(value)
         if kind is bool:
             if isinstance(value, bool):
                 return value
@@ -152,15 +206,29 @@ def parse_value(key: str, value: Any) -> Any:
         if kind is str:
             if isinstance(value, bool):
                 raise ValueError(value)
-            return str(value)
+            text = str(value)
+            if not text.isprintable() or len(text) > 4096:  # newlines would break config.toml
+                raise ConfigError(
+                    f"config key {key!r} expects one line of printable text (at most 4096 "
+                    f"characters), got {text[:80]!r}"
+                )
+            return text
         if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise ValueError(value)
+        if isinstance(value, str) and not value.strip().isascii():  # int("١٢") is 12
             raise ValueError(value)
         result = kind(value)
         if kind is float and not math.isfinite(result):
             raise ValueError(value)
         return result
-    except ValueError:
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError):
         raise ConfigError(f"config key {key!r} expects {_FORMS[kind]}, got {value!r}") from None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def validate(cfg: Config) -> Config:
@@ -169,26 +237,25 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 f"config key {key!r} must be one of {', '.join(allowed)}; got {getattr(cfg, key)!r}"
             )
-    for key in POSITIVE:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"config key {key!r} must be > 0, got {getattr(cfg, key)!r}")
-    for key in NON_NEGATIVE:
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
+    for key, (low, high) in BOUNDS.items():
+        value = getattr(cfg, key)
+        if not low <= value <= high:
+            raise ConfigError(
+                f"config key {key!r} must be in [{_number(low)}, {_number(high)}], got {value!r}"
+            )
     if not INTERVAL.fullmatch(cfg.checkpoint_every):
         raise ConfigError(
             "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "
             f'("30min"), "auto" or "0" (end only); got {cfg.checkpoint_every!r}'
         )
-    if cfg.keep_checkpoints < 2:
-        raise ConfigError(
-            "config key 'keep_checkpoints' must be >= 2 (the newest one may be incomplete), "
-            f"got {cfg.keep_checkpoints}"
-        )
     if not 0 <= cfg.dropout < 1:
         raise ConfigError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    if cfg.lr <= 0 or cfg.mtbf_hours <= 0 or cfg.dist_timeout_s <= 0:
-        raise ConfigError("config keys 'lr', 'mtbf_hours' and 'dist_timeout_s' must be > 0")
+    if not 0 <= cfg.beta2 < 1:
+        raise ConfigError(f"config key 'beta2' must be in [0, 1), got {cfg.beta2}")
+    if not 0 < cfg.lr <= 1e3:
+        raise ConfigError(f"config key 'lr' must be in (0, 1000], got {cfg.lr}")
+    if cfg.parallelism == "fsdp" and cfg.model == "mlp" and cfg.activation_checkpointing:
+        raise ConfigError("config key 'activation_checkpointing' needs model=\"gpt\" (blocks)")
     return cfg
 
 
@@ -201,8 +268,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                 table = tomllib.load(f)
         except OSError as err:
             raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
         for key, value in table.items():
             values[key] = parse_value(key, value)
     for item in overrides:
@@ -228,18 +295,44 @@ def to_toml(cfg: Config | dict) -> str:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text("# resolved configuration of this run (written at start)\n" + to_toml(cfg))
+    """Written atomically: a run directory never holds half a config."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("# resolved configuration of this run (written at start)\n" + to_toml(cfg))
+    os.replace(tmp, path)
 
 
-def check_resume(saved: dict, cfg: Config, saved_world: int, world: int) -> None:
-    """Refuse to continue a checkpoint with settings that make it a different run."""
+def check_resume(
+    saved: dict,
+    cfg: Config,
+    saved_world: int,
+    world: int,
+    saved_fingerprint: str | None = None,
+    fingerprint: str | None = None,
+) -> None:
+    """Refuse to continue a checkpoint with settings or data that make it a different run.
+
+    A different world size is allowed (checkpoints reshard): the global batch then changes,
+    which the log says.
+    """
     changed = [
         f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
         for key in RESUME_MUST_MATCH
         if saved.get(key) != getattr(cfg, key)
     ]
+    if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
+        changed.append(
+            f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} "
+            f"(the files at {cfg.dataset} were rewritten)"
+        )
     if saved_world != world:
-        changed.append(f"world size: {saved_world} -> {world}")
+        log.warning(
+            "world size %d -> %d: the checkpoint is resharded; the global batch changes from "
+            "%d to %d samples per step",
+            saved_world,
+            world,
+            saved_world * cfg.batch_size * cfg.grad_accum_steps,
+            world * cfg.batch_size * cfg.grad_accum_steps,
+        )
     if not changed:
         return
     message = "the checkpoint was written with a different configuration: " + "; ".join(changed)

@@ -1,63 +1,224 @@
-"""Datasets and loaders.
+"""Training data as a function of the step: every batch of every rank is determined by
+(seed, step, micro-step, rank), so a resumed run reads exactly the batches it would have read,
+with no sampler state to save, and any world size is well defined.
 
-- `synthetic`: a deterministic classification problem (a fixed random linear teacher), in memory.
-- a dataset directory written by `python -m <pkg> make-dataset`: one `.npy` file per array plus a
-  small `index.json`, read with numpy memmap. Few large files suit Lustre (every file open is a
-  metadata operation); memmap reads only the pages a batch touches.
+Two kinds of dataset, told apart by the `index.json` of a dataset directory:
+- token shards for the GPT (`tokens.py`, written by `make-dataset --stdlib|--text|--tokens`):
+  windows of block_size+1 tokens read from memmaps;
+- arrays for the MLP (`x.npy`, `y.npy`, written by `make-dataset --out DIR [--x --y]`): an
+  endless stream of samples, reshuffled every epoch; a rank's batch is a slice of that stream at
+  `samples_seen` (saved in the checkpoint), so a resume on another number of ranks continues
+  the same stream.
+"synthetic" makes either in memory (a random linear teacher; uniform random tokens).
 
-Batches are fetched with one fancy-indexing call per batch (`__getitems__`), not one call per
-sample, and the training position (epoch, batch in epoch) is part of the checkpoint: a resumed
-run starts the sampler at that offset instead of loading and discarding batches.
+How batches reach the GPU (see docs/training.md): an in-memory dataset that fits stays on the GPU
+and batches are gathered there; otherwise batches are gathered on the CPU (by `num_workers`
+loader processes, or a background thread) and copied on a side stream (`prefetch.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from .preemption import SIGNALS
 
 INDEX_FILE = "index.json"
 FORMAT = "npy-arrays/1"
+SYNTHETIC_TOKENS = 2**20
+GPT2_VOCAB = 50257
 
 
-class ArrayDataset(Dataset):
-    """Inputs `x` (N, features) float32 and labels `y` (N,) int64, numpy arrays or memmaps
-    (a memmap reads only the pages a batch touches)."""
+@dataclass(frozen=True)
+class DataInfo:
+    """What the model needs to know about the data, and the fingerprint a resume checks."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int):
-        if len(x) != len(y):
-            raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
-        self.x, self.y, self.num_classes = x, y, num_classes
+    kind: str  # "arrays" or "tokens"
+    fingerprint: str
+    num_features: int = 0  # arrays
+    num_classes: int = 0  # arrays
+    vocab_size: int = 0  # tokens
+
+
+class ArraySource:
+    """Classification arrays: inputs x (N, features) float32, labels y (N,) int64; numpy arrays,
+    memmaps, or torch tensors on the GPU (`to`)."""
+
+    def __init__(self, x, y, num_classes: int, fingerprint: str, eval_samples: int, seed: int):
+        split = len(x) - eval_samples
+        if split <= 0:
+            raise ValueError(f"dataset has {len(x)} samples, not more than eval_samples")
+        self.x, self.y, self.split, self.seed = x, y, split, seed
+        self.info = DataInfo("arrays", fingerprint, int(x.shape[1]), int(num_classes))
+        self._perms: dict[int, np.ndarray] = {}
 
     @property
-    def num_features(self) -> int:
-        return int(self.x.shape[1])
+    def nbytes(self) -> int:
+        return int(self.x.nbytes + self.y.nbytes)
 
-    def __len__(self) -> int:
-        return len(self.x)
+    def to(self, device: torch.device) -> ArraySource:
+        """Keep the arrays on `device`: batches are then gathered there (no host copy)."""
+        self.x = torch.as_tensor(np.asarray(self.x)).to(device)
+        self.y = torch.as_tensor(np.asarray(self.y)).to(device)
+        return self
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.__getitems__([i])
-        return x[0], y[0]
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.split)
+        return self._perms[epoch]
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = np.asarray(indices, dtype=np.intp)  # one gather per batch, not one per sample
+    def stream_indices(self, start: int, count: int) -> np.ndarray:
+        """Indices [start, start + count) of the endless stream of epoch permutations."""
+        parts, position = [], start
+        while position < start + count:
+            epoch, offset = divmod(position, self.split)
+            take = min(self.split - offset, start + count - position)
+            parts.append(self._permutation(epoch)[offset : offset + take])
+            position += take
+        return np.concatenate(parts)
+
+    def gather(self, idx: np.ndarray):
+        idx = np.sort(idx)  # memmap pages in file order; the order within a batch is irrelevant
+        if isinstance(self.x, torch.Tensor):
+            index = torch.from_numpy(idx).to(self.x.device, non_blocking=True)
+            return self.x[index], self.y[index]
         return torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
 
-    def subset(self, start: int, stop: int) -> ArrayDataset:
-        return ArrayDataset(self.x[start:stop], self.y[start:stop], self.num_classes)
+    def eval_batches(self, batch_size: int, rank: int, world: int, max_batches: int) -> list:
+        """The held-out tail, split over ranks, in fixed batches."""
+        rows = np.arange(self.split, len(self.x))[rank::world]
+        chunks = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+        return [self.gather(c) for c in chunks[:max_batches] if len(c)]
 
 
-def keep_batch(batch):
-    """collate_fn: `__getitems__` already returns a batch."""
-    return batch
+class TokenSource:
+    """Token shards (or synthetic tokens) for the GPT: windows of block_size+1 tokens."""
+
+    def __init__(self, dataset, block_size: int, seed: int):  # dataset: tokens.TokenDataset
+        self.dataset, self.block_size, self.seed = dataset, block_size, seed
+        self.info = DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size)
+        self.nbytes = 0  # read from memmaps on the host; windows are small
+
+    def eval_batches(self, batch_size: int, rank: int, world: int, max_batches: int) -> list:
+        return self.dataset.val_batches(batch_size, self.block_size, rank, world, max_batches)
+
+
+def open_source(cfg, block_size: int = 0):
+    """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory)."""
+    if cfg.model == "gpt":
+        from . import tokens
+
+        if cfg.dataset == "synthetic":
+            vocab = cfg.vocab_size or GPT2_VOCAB
+            dataset = tokens.TokenDataset.synthetic(vocab, SYNTHETIC_TOKENS, cfg.seed)
+        else:
+            dataset = tokens.TokenDataset.open(Path(cfg.dataset))
+        return TokenSource(dataset, block_size, cfg.seed)
+    if cfg.dataset == "synthetic":
+        x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
+        fingerprint = f"synthetic:{cfg.synthetic_samples}x{cfg.num_features}:{cfg.num_classes}"
+        return ArraySource(x, y, cfg.num_classes, fingerprint, cfg.eval_samples, cfg.seed)
+    x, y, classes, fingerprint = open_dataset(Path(cfg.dataset))
+    return ArraySource(x, y, classes, fingerprint, cfg.eval_samples, cfg.seed)
+
+
+class StepBatches:
+    """This rank's micro-batches as a function of (step, micro-step)."""
+
+    def __init__(self, source, cfg, rank: int, world: int, start_step: int, samples_seen: int):
+        self.source, self.cfg, self.rank, self.world = source, cfg, rank, world
+        self.start_step, self.start_samples = start_step, samples_seen
+
+    def samples_seen(self, step: int) -> int:
+        """Samples all ranks have consumed before `step` (the data position a checkpoint saves)."""
+        per_step = self.cfg.batch_size * self.cfg.grad_accum_steps * self.world
+        return self.start_samples + (step - self.start_step) * per_step
+
+    def batch(self, step: int, micro: int):
+        cfg, source = self.cfg, self.source
+        if isinstance(source, TokenSource):
+            return source.dataset.train_batch(
+                cfg.seed, step, micro, self.rank, cfg.batch_size, source.block_size
+            )
+        start = self.samples_seen(step) + (micro * self.world + self.rank) * cfg.batch_size
+        return source.gather(source.stream_indices(start, cfg.batch_size))
+
+
+class _LoaderView(Dataset):
+    """Item k = the k-th micro-batch from the start step, so loader processes can prepare them
+    in parallel and in order."""
+
+    def __init__(self, batches: StepBatches, stop_step: int):
+        self.batches, self.accum = batches, batches.cfg.grad_accum_steps
+        self.length = max(0, (stop_step - batches.start_step) * self.accum)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, k: int):
+        step, micro = divmod(k, self.accum)
+        return self.batches.batch(self.batches.start_step + step, micro)
+
+
+def micro_batches(batches: StepBatches, stop_step: int, workers: int, pin: bool) -> Iterator:
+    """Every micro-batch from the start step to `stop_step`, in order."""
+    if workers == 0:
+        accum = batches.cfg.grad_accum_steps
+        return (
+            batches.batch(step, micro)
+            for step in range(batches.start_step, stop_step)
+            for micro in range(accum)
+        )
+    loader = DataLoader(
+        _LoaderView(batches, stop_step),
+        batch_size=None,  # items are whole batches
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin,
+        worker_init_fn=worker_init,
+        prefetch_factor=4,
+    )
+    return iter(loader)
+
+
+def worker_init(worker_id: int) -> None:
+    """Loader workers ignore the preemption signals: only the training process acts on them
+    (sites with SignalChildrenProcesses=yes send them to every process of a task), and a worker
+    killed by SIGTERM would crash the loader before the checkpoint is written."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def resolve_num_workers(requested: int) -> int:
+    if requested >= 0:
+        return requested
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    return min(8, cpus - 1) if cpus > 1 else 0  # leave one core to the training process
+
+
+def fits_on_gpu(nbytes: int, device: torch.device, setting: str) -> bool:
+    """data_on_gpu: "true", "false", or "auto" = an in-memory dataset under 10% of the GPU."""
+    if device.type != "cuda" or nbytes == 0 or setting == "false":
+        return False
+    if setting == "true":
+        return True
+    free, total = torch.cuda.mem_get_info(device)
+    return nbytes < 0.1 * total and nbytes < 0.5 * free
 
 
 def synthetic_arrays(samples: int, features: int, classes: int, seed: int):
@@ -84,7 +245,7 @@ def write_dataset(
             f"need x of shape (N, features) and y of shape (N,); got {x.shape}, {y.shape}"
         )
     arrays = {"x": (x, np.float32), "y": (y, np.int64)}
-    entries = {}
+    entries, digest = {}, hashlib.sha256()
     for name, (array, dtype) in arrays.items():
         path = out / f"{name}.npy"
         dst = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=array.shape)
@@ -92,6 +253,7 @@ def write_dataset(
             dst[start : start + chunk_rows] = array[start : start + chunk_rows]
         dst.flush()
         del dst
+        digest.update(file_sha256(path).encode())
         entries[name] = {
             "file": path.name,
             "dtype": np.dtype(dtype).name,
@@ -104,6 +266,7 @@ def write_dataset(
         "num_features": int(x.shape[1]),
         "num_classes": classes,
         "arrays": entries,
+        "fingerprint": digest.hexdigest(),  # a resume refuses a rewritten dataset
     }
     tmp = out / (INDEX_FILE + ".tmp")
     tmp.write_text(json.dumps(index, indent=2) + "\n")
@@ -111,7 +274,16 @@ def write_dataset(
     return out
 
 
-def open_dataset(directory: Path) -> ArrayDataset:
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def open_dataset(directory: Path):
+    """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps."""
     directory = Path(directory)
     try:
         index = json.loads((directory / INDEX_FILE).read_text())
@@ -121,110 +293,13 @@ def open_dataset(directory: Path) -> ArrayDataset:
             f"`python -m {__package__} make-dataset --out DIR`"
         ) from None
     if index.get("format") != FORMAT:
-        raise ValueError(f"{directory}: unknown dataset format {index.get('format')!r}")
+        raise ValueError(
+            f"{directory} holds {index.get('format')!r} data, not the MLP's arrays "
+            f"({FORMAT}); token shards train with model=gpt"
+        )
     x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
     y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")
-    return ArrayDataset(x, y, int(index["num_classes"]))
-
-
-def load_datasets(cfg) -> tuple[ArrayDataset, ArrayDataset]:
-    """(train, eval): the last `eval_samples` samples are held out for evaluation."""
-    if cfg.dataset == "synthetic":
-        x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
-        full = ArrayDataset(x, y, cfg.num_classes)
-    else:
-        full = open_dataset(Path(cfg.dataset))
-    split = len(full) - cfg.eval_samples
-    if split <= 0:
-        raise ValueError(f"dataset has {len(full)} samples, not more than eval_samples")
-    return full.subset(0, split), full.subset(split, len(full))
-
-
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch at an offset (samples of this rank)."""
-
-    start = 0
-
-    def __iter__(self):
-        return iter(list(super().__iter__())[self.start :])
-
-    def __len__(self) -> int:
-        return self.num_samples - self.start
-
-
-def worker_init(worker_id: int) -> None:
-    """Loader workers ignore the preemption signals: only the training process acts on them
-    (sites with SignalChildrenProcesses=yes send them to every process of a task), and a worker
-    killed by SIGTERM would crash the loader before the checkpoint is written."""
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    seed = torch.initial_seed() % 2**32  # differs per worker, derived from the loader generator
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def resolve_num_workers(requested: int) -> int:
-    if requested >= 0:
-        return requested
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
-    return min(8, cpus - 1) if cpus > 1 else 0  # leave one core to the training process
-
-
-def make_loader(
-    dataset: ArrayDataset,
-    batch_size: int,
-    rank: int,
-    world: int,
-    seed: int,
-    shuffle: bool,
-    workers: int,
-    pin: bool,
-) -> DataLoader:
-    sampler = ResumableSampler(
-        dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
-    )
-    # The loader's own generator: without it, creating an iterator draws from the global torch
-    # RNG, so a mid-epoch resume would shift every later random number (dropout diverges).
-    generator = torch.Generator()
-    generator.manual_seed(seed + rank)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=shuffle,
-        collate_fn=keep_batch,
-        num_workers=workers,
-        pin_memory=pin,
-        generator=generator,
-        worker_init_fn=worker_init if workers else None,
-        persistent_workers=workers > 0,
-    )
-
-
-class Batches:
-    """Endless iterator over training batches that knows its position for checkpoints."""
-
-    def __init__(self, loader: DataLoader, epoch: int = 0, batch_in_epoch: int = 0):
-        if len(loader.sampler) < loader.batch_size:
-            raise ValueError("the training set has fewer samples per rank than one batch")
-        self.loader, self.epoch, self.batch_in_epoch = loader, epoch, batch_in_epoch
-        self._it = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._it is None:
-            self.loader.sampler.set_epoch(self.epoch)  # a new shuffle every epoch
-            self.loader.sampler.start = self.batch_in_epoch * self.loader.batch_size
-            self._it = iter(self.loader)
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self.epoch, self.batch_in_epoch, self._it = self.epoch + 1, 0, None
-            return next(self)
-        self.batch_in_epoch += 1
-        return batch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+    if len(x) != len(y):
+        raise ValueError(f"{directory}: x has {len(x)} rows but y has {len(y)}")
+    fingerprint = index.get("fingerprint") or f"{directory}:{len(x)}"
+    return x, y, int(index["num_classes"]), fingerprint

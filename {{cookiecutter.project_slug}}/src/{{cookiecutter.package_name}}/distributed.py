@@ -159,12 +159,41 @@ def resolve_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank, world, local_rank, local_world, addr, port, launcher)
 
 
-def choose_device(local_rank: int, cuda_devices: int) -> torch.device:
-    """`local_rank % visible GPUs`: right with all 4 GPUs visible (index = local rank) and with
-    `--gpus-per-task=1`, where each task sees only its own GPU as index 0."""
-    if cuda_devices == 0:
+def choose_device(
+    requested: str,
+    local_rank: int,
+    local_world: int,
+    cuda_devices: int,
+    rank: int = 0,
+    visible: str | None = None,
+) -> torch.device:
+    """The device of this rank: `requested` is the `device` config key (auto, cpu, cuda).
+
+    With as many visible GPUs as ranks on the node (all 4 GPUs visible to every task, which
+    NCCL needs for NVLink), rank i takes GPU i. With exactly one visible GPU and a
+    CUDA_VISIBLE_DEVICES that Slurm set per task (`--gpus-per-task=1`), it is index 0. Anything
+    else would put two ranks on one GPU (NCCL fails with "invalid usage" much later), so it is
+    an error here, before NCCL is touched.
+    """
+    if requested == "cpu" or (requested == "auto" and cuda_devices == 0):
         return torch.device("cpu")
-    return torch.device("cuda", local_rank % cuda_devices)
+    shown = "<unset>" if visible is None else repr(visible)
+    if cuda_devices == 0:
+        raise LaunchError(
+            f"rank {rank}: device=cuda but no GPU is visible (CUDA_VISIBLE_DEVICES={shown}). "
+            "Request GPUs from Slurm (--gpus-per-node=4), or train with device=cpu."
+        )
+    if cuda_devices >= local_world:
+        return torch.device("cuda", local_rank)
+    if cuda_devices == 1 and visible and "," not in visible:
+        return torch.device("cuda", 0)
+    raise LaunchError(
+        f"rank {rank} is local rank {local_rank} of {local_world} on this node, but only "
+        f"{cuda_devices} GPU(s) are visible (CUDA_VISIBLE_DEVICES={shown}): two ranks would share "
+        f"a GPU. Start at most {cuda_devices} rank(s) per node (--ntasks-per-node or "
+        "torchrun --nproc-per-node), give every task its own GPU (--gpus-per-task=1), or "
+        "train with device=cpu."
+    )
 
 
 def cpu_threads(requested: int, env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
@@ -205,11 +234,25 @@ def set_quiet_ranks(rank: int) -> None:
 
 
 @contextmanager
-def process_group(timeout_s: float, threads: int = 0) -> Iterator[tuple[DistEnv, torch.device]]:
-    """Resolve the environment, bind the device, create the process group, always destroy it."""
+def process_group(
+    timeout_s: float, threads: int = 0, device: str = "auto"
+) -> Iterator[tuple[DistEnv, torch.device]]:
+    """Resolve the environment, bind the device, create the process group, always destroy it.
+
+    `device`: auto (CUDA when a GPU is visible, else CPU), cpu or cuda. The backend follows the
+    device: NCCL on GPUs, gloo on CPU.
+    """
     env = resolve_env()
     configure_logging(env.rank)
-    device = choose_device(env.local_rank, torch.cuda.device_count())
+    cuda_count = torch.cuda.device_count() if device != "cpu" else 0
+    device = choose_device(
+        device,
+        env.local_rank,
+        env.local_world_size,
+        cuda_count,
+        env.rank,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before the process group and before any CUDA work
     torch.set_num_threads(cpu_threads(threads, env))

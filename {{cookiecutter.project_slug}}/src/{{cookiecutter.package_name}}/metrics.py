@@ -3,34 +3,19 @@ to `<run_dir>/metrics.jsonl`; `plot()` draws loss and throughput from that file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import resource
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from . import distributed
+from . import distributed, tracking
 
 log = logging.getLogger(__package__)
-
-
-def count_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> int:
-    """FLOPs of one forward + backward on this batch, counted once by running it.
-
-    Runs in eval mode (no dropout, no BatchNorm statistics updates) and with the RNG state
-    forked, so counting does not change anything a checkpoint restores.
-    """
-    was_training = model.training
-    model.eval()
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
-        loss_fn(model(x), y).backward()
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    return counter.get_total_flops()
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -41,78 +26,94 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class Metrics:
-    """Accumulates per-step values on the device (no host sync) until the next `log`."""
+    """Accumulates per-step values on the device (no host sync) until the next `log`; writes
+    `metrics.jsonl` (the source of truth) and, if configured, a tracker (TensorBoard, W&B).
+
+    Throughput is per sample for the MLP and per token for the GPT; MFU is model FLOPs per second
+    over the GPU's peak (`peak_tflops`), the standard definition (PaLM, appendix B).
+    """
 
     def __init__(
-        self,
-        run_dir: Path,
-        is_main: bool,
-        world: int,
-        samples_per_step: int,
-        flops_per_step: int,
-        peak_flops: float,
-        device: torch.device,
-        max_steps: int,
+        self, run_dir: Path, env, cfg, flops_per_step: float, units_per_step: int, start_step: int
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.is_main, self.world, self.device = is_main, world, device
-        self.samples_per_step, self.flops_per_step = samples_per_step, flops_per_step
-        self.peak_flops, self.max_steps = peak_flops, max_steps
-        self.loss_sum = torch.zeros((), device=device)
+        self.is_main, self.world, self.cfg = env.is_main, env.world_size, cfg
+        self.device = torch.device("cpu")
+        self.flops_per_step = flops_per_step
+        self.unit = "tokens" if cfg.model == "gpt" else "samples"
+        self.units_per_step = units_per_step  # per rank
+        self.loss_sum: torch.Tensor | None = None
         self.loss_steps = 0
+        self._wait_seen = 0.0
+        self.tracker = tracking.open_tracker(
+            cfg.tracker,
+            Path(run_dir),
+            dataclasses.asdict(cfg),
+            env.is_main,
+            project=cfg.wandb_project or __package__,
+            mode=cfg.wandb_mode,
+            resume_step=start_step,
+        )
         self.restart_clock()
 
     def restart_clock(self) -> None:
         """Exclude what just happened (eval, checkpoint) from the step-time measurement."""
         self.window_start, self.window_steps, self.window_wait = time.perf_counter(), 0, 0.0
 
-    def update(self, loss: torch.Tensor, data_wait_s: float) -> None:
-        self.loss_sum += loss
+    def update(self, loss: torch.Tensor, inputs) -> None:
+        """After each step: the loss (a device tensor) and the input pipeline's wait so far."""
+        self.device = loss.device
+        self.loss_sum = loss.clone() if self.loss_sum is None else self.loss_sum + loss
         self.loss_steps += 1
         self.window_steps += 1
-        self.window_wait += data_wait_s
+        self.window_wait += inputs.wait_s - self._wait_seen
+        self._wait_seen = inputs.wait_s
 
-    def log(self, step: int, lr: float, epoch: int) -> dict:
+    def log(self, step: int, lr: float) -> dict:
         """Reduce across ranks (collective: all ranks call it at the same steps) and record."""
-        totals = torch.stack([self.loss_sum, torch.tensor(self.window_wait, device=self.device)])
+        totals = torch.stack(
+            [self.loss_sum.float(), torch.tensor(self.window_wait, device=self.device)]
+        )
         distributed.all_reduce(totals)
         loss, wait = (totals / self.world).tolist()  # one host sync per log, not per step
+        loss /= self.loss_steps
         elapsed = time.perf_counter() - self.window_start
         step_time = elapsed / max(self.window_steps, 1)
-        samples_per_s = self.samples_per_step * self.world / step_time
+        per_s = self.units_per_step * self.world / step_time
         record = {
             "kind": "train",
             "step": step,
-            "epoch": epoch,
-            "loss": loss / self.loss_steps,
+            "loss": loss,
             "lr": lr,
             "step_time_s": step_time,
             "data_wait_s": wait / max(self.window_steps, 1),
-            "samples_per_s": samples_per_s,
-            "samples_per_s_per_rank": samples_per_s / self.world,
+            f"{self.unit}_per_s": per_s,
+            f"{self.unit}_per_s_per_rank": per_s / self.world,
             "tflops_per_rank": self.flops_per_step / step_time / 1e12,
             "peak_mem_gib": peak_memory_gib(self.device),
-            "eta_s": (self.max_steps - step) * step_time,
+            "eta_s": (self.cfg.max_steps - step) * step_time,
             "time": time.time(),
         }
+        if self.cfg.model == "gpt":
+            record["loss_bits_per_token"] = loss / math.log(2)
         if self.device.type == "cuda":  # MFU against the GPU's peak; meaningless on CPU
-            record["mfu"] = self.flops_per_step / step_time / self.peak_flops
-        self.loss_sum.zero_()
-        self.loss_steps = 0
+            record["mfu"] = self.flops_per_step / step_time / (self.cfg.peak_tflops * 1e12)
+        self.loss_sum, self.loss_steps = None, 0
         self.restart_clock()
         if self.is_main:
-            mfu = f" mfu {record['mfu']:.1%}" if "mfu" in record else ""
+            mfu = f" | mfu {record['mfu']:.1%}" if "mfu" in record else ""
             log.info(
-                "step %d/%d loss %.4f lr %.2e | %.1f ms/step (data %.1f ms) | %.0f samples/s "
+                "step %d/%d loss %.4f lr %.2e | %.1f ms/step (data %.1f ms) | %.0f %s/s "
                 "(%.0f/rank)%s | mem %.2f GiB | eta %.0f s",
                 step,
-                self.max_steps,
-                record["loss"],
+                self.cfg.max_steps,
+                loss,
                 lr,
                 1e3 * step_time,
                 1e3 * record["data_wait_s"],
-                samples_per_s,
-                record["samples_per_s_per_rank"],
+                per_s,
+                self.unit,
+                per_s / self.world,
                 mfu,
                 record["peak_mem_gib"],
                 record["eta_s"],
@@ -124,6 +125,10 @@ class Metrics:
         if self.is_main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+            self.tracker.log(record)
+
+    def close(self) -> None:
+        self.tracker.close()
 
 
 def read_records(path: Path) -> list[dict]:
@@ -165,8 +170,9 @@ def plot(path: Path, out: Path | None = None) -> Path:
         )
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
-    ax_speed.plot([r["step"] for r in train], [r["samples_per_s"] for r in train])
-    ax_speed.set_ylabel("samples/s (all ranks)")
+    unit = "tokens" if "tokens_per_s" in train[0] else "samples"
+    ax_speed.plot([r["step"] for r in train], [r[f"{unit}_per_s"] for r in train])
+    ax_speed.set_ylabel(f"{unit}/s (all ranks)")
     ax_speed.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -1,11 +1,16 @@
-"""The example model. To train your own, change `build_model` (and `loss_fn` if needed):
-nothing else in the package depends on the architecture."""
+"""Which model a run trains, and its loss. To train your own, add it to `build_model` (and
+`flops_per_sample` for MFU): nothing else in the package depends on the architecture. The GPT
+lives in gpt.py; the MLP below is the minimal example (classification of feature vectors).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import gpt
+from .data import DataInfo
 
 
 class MLP(nn.Module):
@@ -27,9 +32,49 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def build_model(cfg, num_features: int, num_classes: int) -> nn.Module:
-    return MLP(num_features, cfg.hidden_dim, num_classes, cfg.dropout)
+def gpt_config(cfg, info: DataInfo) -> gpt.GPTConfig:
+    return gpt.gpt_config(
+        cfg.preset,
+        info.vocab_size,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        block_size=cfg.block_size,
+        dropout=cfg.dropout,
+    )
+
+
+def block_size(cfg) -> int:
+    """Context length of the GPT (0 for the MLP), known before the data is opened."""
+    if cfg.model != "gpt":
+        return 0
+    return cfg.block_size or gpt.PRESETS[cfg.preset]["block_size"]
+
+
+def build_model(cfg, info: DataInfo) -> nn.Module:
+    if cfg.model == "gpt":
+        return gpt.GPT(gpt_config(cfg, info))
+    return MLP(info.num_features, cfg.hidden_dim, info.num_classes, cfg.dropout)
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    return F.cross_entropy(output.float(), target, reduction=reduction)
+    """Cross entropy in fp32 for both models: (B, C) logits with (B,) labels, or (B, T, V)
+    logits with (B, T) next tokens."""
+    return F.cross_entropy(
+        output.flatten(0, -2).float(), target.flatten(), reduction=reduction
+    )
+
+
+def flops_per_sample(cfg, model: nn.Module, info: DataInfo) -> float:
+    """Training FLOPs (forward + backward) per sample: per sequence for the GPT (the standard
+    6N + 12LdT per token), counted by running the MLP once."""
+    if cfg.model == "gpt":
+        config = gpt_config(cfg, info)
+        return gpt.flops_per_token(config, gpt.num_params(model)) * config.block_size
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, info.num_features)
+    probe = MLP(info.num_features, cfg.hidden_dim, info.num_classes, 0.0)
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(probe(x), torch.zeros(1, dtype=torch.long)).backward()
+    return float(counter.get_total_flops())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -72,6 +73,54 @@ def agree(stop: bool, save: bool, device: torch.device) -> tuple[bool, bool]:
     distributed.all_reduce(flags, torch.distributed.ReduceOp.MAX)
     stop_all, save_all = flags.tolist()
     return stop_all > 0, save_all > 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool  # all ranks stop after this step (a checkpoint is written first)
+    save: bool  # all ranks write a checkpoint after this step
+    reason: str = ""  # why they stop
+
+
+class StopPolicy:
+    """When to stop and when to save, decided alike on every rank.
+
+    Checkpoints by step count and the last step need no communication; a signal, the job's end
+    time and a time-based checkpoint are local observations, so every `check_every` steps the
+    ranks agree on them (one tiny all-reduce). `poll(step)` after every optimizer step.
+    """
+
+    def __init__(self, flag, deadline: Deadline, schedule, check_every: int, max_steps: int,
+                 device: torch.device):
+        self.flag, self.deadline, self.schedule = flag, deadline, schedule
+        self.check_every, self.max_steps, self.device = check_every, max_steps, device
+        self.restart_clock(0)
+
+    def restart_clock(self, step: int) -> None:
+        """Exclude a checkpoint or an evaluation from the step-time estimate."""
+        self._clock, self._clock_step = time.perf_counter(), step
+
+    def poll(self, step: int) -> Decision:
+        save = self.schedule.due_by_steps(step) or step == self.max_steps
+        if step % self.check_every or step >= self.max_steps:
+            return Decision(False, save)
+        now = time.perf_counter()
+        step_s = (now - self._clock) / max(step - self._clock_step, 1)
+        self.restart_clock(step)
+        write_s = self.schedule.write_s or 0.0  # a stop must wait for its checkpoint to be durable
+        near_end = self.deadline.near(step_s * self.check_every, write_s)
+        stop, save_by_time = agree(
+            self.flag.requested or near_end, self.schedule.due_by_time(), self.device
+        )
+        if not stop:
+            return Decision(False, save or save_by_time)
+        if self.flag.requested:
+            reason = f"received {signal.Signals(self.flag.received).name}"
+        elif near_end:
+            reason = "SLURM_JOB_END_TIME near"
+        else:
+            reason = "another rank asked to stop"
+        return Decision(True, True, reason)
 
 
 def write_requeue_marker(run_dir: Path, reason: str) -> None:

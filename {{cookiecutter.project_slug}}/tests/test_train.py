@@ -1,0 +1,38 @@
+"""Single-process runs of the loop: the first command a user types, both example models, the
+TF32 set-up other libraries must survive."""
+
+import torch
+from conftest import TINY, TINY_MLP, checkpoint_steps
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.metrics import read_records
+from {{ cookiecutter.package_name }}.train import enable_tf32
+
+
+def test_tf32_setup_leaves_the_legacy_getters_working():
+    """Lightning and user code call these; with the new fp32_precision API they raise."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        enable_tf32()
+        assert torch.get_float32_matmul_precision() == "high"
+        assert isinstance(torch.backends.cuda.matmul.allow_tf32, bool)
+        assert isinstance(torch.backends.cudnn.allow_tf32, bool)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_train_on_cpu_in_five_steps(tmp_path, single_process):
+    run_dir = tmp_path / "run"
+    argv = [*TINY, f"run_dir={run_dir}", "device=cpu", "max_steps=5", "checkpoint_every=0"]
+    assert main(["train", *argv]) == 0
+    assert checkpoint_steps(run_dir) == [5]
+
+
+def test_the_minimal_mlp_example_learns(tmp_path, single_process):
+    run_dir = tmp_path / "run"
+    assert main([*TINY_MLP, f"run_dir={run_dir}", "max_steps=60", "eval_every=60"]) == 0
+    records = read_records(run_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    (evaluation,) = [r for r in records if r["kind"] == "eval"]
+    assert train[-1]["loss"] < train[0]["loss"] and "samples_per_s" in train[0]
+    assert evaluation["eval_acc"] > 0.5  # 4 classes: chance is 0.25
