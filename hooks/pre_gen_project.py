@@ -170,7 +170,10 @@ def path_error(value: str) -> str | None:
         return f"a directory of your own, not {path} (a shared or system root)"
     if path == HOME or re.fullmatch(r"/(users|home)/[^/]+", path):
         return "a subdirectory, not a whole home directory (the EDF would mount it)"
-    if re.fullmatch(r"/(capstor|iopsstor|ritom)/(scratch|store)/[^/]+", path):
+    # /<fs>/scratch/<site> and /capstor/store/<tenant>[/<customer>] hold everyone's directories
+    if re.fullmatch(
+        r"/(capstor|iopsstor|ritom)/(scratch|store)/[^/]+|/capstor/store/[^/]+/[^/]+", path
+    ):
         return f"a directory of your own, not {path} (a shared root)"
     return None
 
@@ -208,7 +211,8 @@ def text_error(field: str, value: str) -> str | None:
         return f"no template syntax ({shown}): cookiecutter renders answers with Jinja first"
     limit = MAX_LENGTH.get(field)
     if limit is not None and len(value) > limit:
-        return f"at most {limit} characters (got {len(value)})"
+        form = PATTERNS[field][1] + ", " if field in PATTERNS else ""
+        return f"{form}at most {limit} characters (got {len(value)})"
     return None
 
 
