@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -336,3 +338,32 @@ def test_hostile_answers_table_is_current():
 
 if __name__ == "__main__":
     print(hostile_table(), end="")
+
+
+VISIBLE_QUESTIONS = [
+    k for k in json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text()) if not k.startswith("_")
+]
+
+
+@pytest.mark.parametrize(("flavour", "number"), [("container", 1), ("uenv", 2), ("both", 3)])
+def test_prompt_count_per_flavour(tmp_path, flavour, number):
+    """Interactive cookiecutter asks len(VISIBLE_QUESTIONS) questions whatever the flavour:
+    cookiecutter 2.7.1 cannot skip a question depending on an earlier answer (only private
+    `_`/`__` keys are not asked)."""
+    before = VISIBLE_QUESTIONS.index("env_flavour")
+    answers_in = "\n" * before + f"{number}\n" + "\n" * 40
+    proc = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "-o", str(tmp_path / "out"), str(TEMPLATE_DIR)],
+        input=answers_in,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean_env(), "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    asked = re.findall(r"\[(\d+)/(\d+)\]", proc.stdout)
+    total = len(VISIBLE_QUESTIONS)
+    assert [int(i) for i, n in asked if int(n) == total] == list(range(1, total + 1))
+    assert total == 22
+    doc = (tmp_path / "out" / "alps-torch-project" / "docs" / "answers.md").read_text()
+    assert f"| `env_flavour` | {flavour} |" in doc
