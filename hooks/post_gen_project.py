@@ -18,32 +18,49 @@ from pathlib import Path
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
-# Files that belong to one flavour only ("both" keeps them all).
-FLAVOUR_FILES = {
-    "container": [
-        "Dockerfile",
-        ".dockerignore",
-        "container",
-        "scripts/build_image.sh",
-        "jobs/train_container.sbatch",
-    ],
-    "uenv": ["jobs/train_uenv.sbatch"],
+# The one list of files that belong to one answer only: {answer: {choice: paths}}. A choice
+# not listed keeps every file ("both" keeps the container and the uenv files, "none" drops all
+# CI files). tests/test_bake.py and docs/DESIGN.md are checked against this table.
+OPTIONAL_FILES: dict[str, dict[str, list[str]]] = {
+    "env_flavour": {
+        "container": [
+            "Dockerfile",
+            ".dockerignore",
+            "container",
+            "scripts/build_image.sh",
+            "jobs/train_container.sbatch",
+        ],
+        "uenv": ["jobs/train_uenv.sbatch"],
+    },
+    "ci": {
+        "github": [".github"],
+        "gitlab": [".gitlab-ci.yml"],
+    },
 }
+KEEPS_ALL = {"env_flavour": "both"}
 
-# Must match LAYOUT in scripts/stripe_lustre.sh (a template test checks that they agree).
-LUSTRE_LAYOUT = "-E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M"
+# The one source of the layout is cookiecutter.json's _lustre_layout (private: not asked).
+LUSTRE_LAYOUT = ANSWERS["_lustre_layout"]
 
 
-def remove_unchosen_flavours(flavour: str) -> None:
-    for name, paths in FLAVOUR_FILES.items():
-        if flavour in (name, "both"):
+def unchosen_files(answers: dict) -> list[str]:
+    """Paths of the optional files the answers did not choose."""
+    drop = []
+    for key, files in OPTIONAL_FILES.items():
+        chosen = answers.get(key)
+        if chosen == KEEPS_ALL.get(key):
             continue
-        for rel in paths:
-            path = Path(rel)
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        drop += [path for choice, paths in files.items() if choice != chosen for path in paths]
+    return drop
+
+
+def remove_unchosen_files(answers: dict) -> None:
+    for rel in unchosen_files(answers):
+        path = Path(rel)
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def lustre_dirs(answers: dict) -> list[str]:
@@ -83,39 +100,69 @@ def inside_git_work_tree() -> bool:
     return result.returncode == 0 and result.stdout.strip() == "true"
 
 
+def wants_git(answers: dict) -> bool:
+    """git_init is a boolean; .cruft.json files of older template versions hold "yes"/"no"."""
+    return answers["git_init"] in (True, "yes")
+
+
+# Used when neither git's configuration nor the author answers make an identity git accepts
+# (git refuses names made only of '.', ',', '<', '>' ... and an empty e-mail).
+FALLBACK_IDENTITY = ("alps-torch-template", "alps-torch-template@localhost")
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+
+
+def first_commit(answers: dict) -> str | None:
+    """Commit everything; returns the identity used when it was not the configured one
+    (None: git's own configuration), or raises RuntimeError when git refuses every identity."""
+    message = "Initial commit from alps-torch-template"
+    base = ["-c", "commit.gpgsign=false"]  # a signing setup without a key would fail here
+    attempts: list[tuple[str | None, list[str]]] = []
+    if git("config", "user.name").stdout.strip() and git("config", "user.email").stdout.strip():
+        attempts.append((None, []))
+    for name, email in (
+        (answers["author_name"], answers["author_email"]),
+        FALLBACK_IDENTITY,
+    ):
+        identity = ["-c", f"user.name={name}", "-c", f"user.email={email}"]
+        attempts.append((f"{name} <{email}>", identity))
+    errors = []
+    for label, identity in attempts:
+        result = git(*base, *identity, "commit", "--quiet", "--no-verify", "-m", message)
+        if result.returncode == 0:
+            return label
+        errors.append(result.stderr.strip().splitlines()[-1:] or ["?"])
+    raise RuntimeError("; ".join(e[0] for e in errors))
+
+
 def git_init(answers: dict) -> None:
-    if answers["git_init"] != "yes":
+    """git init and a first commit. Never fails the generation: cookiecutter would delete the
+    whole project for a failed post-generation hook; a git problem is reported instead."""
+    if not wants_git(answers):
         return
     if shutil.which("git") is None:
         print("git not found: skipped git init (run it yourself later)", file=sys.stderr)
         return
     if inside_git_work_tree():  # a re-run, or generated inside another repository
         return
-    identity: list[str] = []
-    has_email = subprocess.run(
-        ["git", "config", "user.email"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    if not has_email:  # no git identity configured: commit as the template's author
-        identity = [
-            "-c",
-            f"user.name={answers['author_name']}",
-            "-c",
-            f"user.email={answers['author_email']}",
-        ]
-    subprocess.run(["git", "init", "--quiet", "--initial-branch=main"], check=True)
-    subprocess.run(["git", "add", "--all"], check=True)
-    subprocess.run(
-        [
-            "git",
-            *identity,
-            "commit",
-            "--quiet",
-            "--no-verify",
-            "-m",
-            "Initial commit from alps-torch-template",
-        ],
-        check=True,
-    )
+    if git("init", "--quiet", "--initial-branch=main").returncode or git("add", "--all").returncode:
+        print("warning: git init failed; run git init yourself", file=sys.stderr)
+        return
+    try:
+        used = first_commit(answers)
+    except RuntimeError as err:
+        print(f"warning: the first commit failed ({err}); commit yourself", file=sys.stderr)
+        return
+    if used == "{} <{}>".format(*FALLBACK_IDENTITY):
+        print(
+            f"note: git has no usable identity here: the first commit is authored by {used}; "
+            "set yours with git config --global user.name/user.email "
+            "(git commit --amend --reset-author rewrites it)"
+        )
+    elif used:
+        print(f"note: no git identity configured: the first commit is authored by {used}")
 
 
 # tempfile.mkdtemp() names: "tmp" + 8 characters from tempfile's alphabet.
@@ -149,12 +196,12 @@ def cruft_scratch_render(answers: dict) -> bool:
 
 
 def main() -> int:
-    remove_unchosen_flavours(ANSWERS["env_flavour"])
+    remove_unchosen_files(ANSWERS)
     if cruft_scratch_render(ANSWERS):
         return 0  # the project itself is left to cruft's diff and git apply
     stripe_lustre(ANSWERS)
     git_init(ANSWERS)
-    if generated_by_cruft(ANSWERS) and ANSWERS["git_init"] == "yes":
+    if generated_by_cruft(ANSWERS) and wants_git(ANSWERS):
         # cruft writes .cruft.json after this hook has run (cruft #155).
         print("cruft writes .cruft.json after this first commit; commit it before `cruft update`:")
         print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")

@@ -1,17 +1,27 @@
 """Validate every answer before cookiecutter writes anything.
 
-Answers are data: they arrive here as JSON (never pasted into code), and each is checked
-against the form the generated files need. On failure this prints one line per bad answer
-(field, value, accepted form) and exits non-zero; cookiecutter then removes the output
-directory, so nothing half-written is left behind.
+What this hook can and cannot guarantee: cookiecutter renders every answer with Jinja
+(prompted or given as `key=value` with --no-input) BEFORE any hook runs, so an answer that is
+a Jinja expression has already been evaluated when it arrives here. This hook refuses answers
+that still carry template syntax afterwards, and checks every answer against the form the
+generated files need (ASCII patterns, a length limit per field, no path that would mount or
+stripe `/`, `/users`, a home directory or a shared file-system root).
+
+On failure it prints one line per bad answer (field, value, accepted form) and exits 1;
+cookiecutter then removes the project directory (and, for a slug with '/', a child process
+removes the empty parent directories cookiecutter created for it).
 """
 
 from __future__ import annotations
 
 import json
 import keyword
+import os
+import posixpath
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
@@ -20,70 +30,157 @@ CHOICES = {
     "env_flavour": ("container", "uenv", "both"),
     "container_base": ("ngc", "alps-extended"),
     "launcher": ("srun", "torchrun"),
-    "git_init": ("yes", "no"),
+    "ci": ("github", "gitlab", "none"),
 }
+# git_init is a boolean; "yes"/"no" still come from .cruft.json files of older template versions.
+BOOLEANS = {"git_init": (True, False, "yes", "no")}
 
 # Free text ends up in TOML strings (rendered with tojson) and in comments: it may contain
 # quotes, $, backticks, ; and backslashes, but no control characters (a newline would end a
 # comment in a shell script) and nothing outside the Basic Multilingual Plane (JSON would
 # escape it as a surrogate pair, which TOML rejects).
-FREE_TEXT = {"project_name": 100, "description": 300, "author_name": 100}
+FREE_TEXT = ("project_name", "description", "author_name")
+
+# Every answer has a length limit; the message states it.
+MAX_LENGTH = {
+    "project_name": 100,
+    "description": 300,
+    "author_name": 100,
+    "author_email": 254,  # RFC 5321
+    "project_slug": 64,  # the Slurm job name and a directory name
+    "package_name": 64,
+    "account": 64,
+    "partition": 64,
+    "ngc_pytorch_tag": 5,
+    "alps_extended_tag": 24,
+    "uenv_image": 128,
+    "nodes": 4,
+    "time_limit": 16,
+    "image_dir": 255,
+    "data_dir": 255,
+    "checkpoint_dir": 255,
+}
 
 # ${NAME} references are expanded by bash and by the Container Engine alike; other shell
 # syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path.
 _VAR = r"\$\{[A-Z_][A-Z0-9_]*\}"
-PATH_RE = re.compile(rf"^(?:/|{_VAR})(?:[A-Za-z0-9_.+@/-]|{_VAR})*$")
+PATH_RE = rf"(?:/|{_VAR})(?:[A-Za-z0-9_.+@/-]|{_VAR})*"
 PATH_FORM = (
     "an absolute path or one starting with ${VAR}, e.g. ${SCRATCH}/ce-images; "
     "letters, digits, _ . + @ - / and ${VAR} only"
 )
+PATH_FIELDS = ("image_dir", "data_dir", "checkpoint_dir")
 
+# (regular expression matched in full, ASCII only; accepted form shown in the message)
 PATTERNS: dict[str, tuple[str, str]] = {
     "project_slug": (
-        r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$",
+        r"[a-z][a-z0-9]*(-[a-z0-9]+)*",
         "lowercase letters and digits in words joined by '-', e.g. my-project",
     ),
-    "package_name": (
-        r"^[a-z][a-z0-9_]*$",
-        "a lowercase Python identifier, e.g. my_project",
-    ),
+    "package_name": (r"[a-z][a-z0-9_]*", "a lowercase Python identifier, e.g. my_project"),
     "author_email": (
-        r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$",
+        r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
         "an e-mail address, e.g. ada@example.org",
     ),
     "account": (
-        r"^([A-Za-z0-9][A-Za-z0-9_-]{0,63})?$",
+        r"([A-Za-z0-9][A-Za-z0-9_-]*)?",
         "empty (your default account) or a Slurm account such as a-g34 or g34",
     ),
-    "partition": (
-        r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
-        "a Slurm partition name such as normal or debug",
-    ),
-    "ngc_pytorch_tag": (r"^\d{2}\.\d{2}$", "an NGC release YY.MM, e.g. 25.06"),
+    "partition": (r"[A-Za-z0-9][A-Za-z0-9_-]*", "a Slurm partition name such as normal or debug"),
+    "ngc_pytorch_tag": (r"[0-9]{2}\.[0-9]{2}", "an NGC release YY.MM, e.g. 25.06"),
     "alps_extended_tag": (
-        r"^\d{2}\.\d{2}-py3-alps\d+$",
+        r"[0-9]{2}\.[0-9]{2}-py3-alps[0-9]{1,3}",
         "YY.MM-py3-alpsN, e.g. 26.02-py3-alps6",
     ),
     "uenv_image": (
-        r"^[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._+-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        r"[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._+-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?",
         "a uenv label name/version[:tag], e.g. pytorch/v2.9.1:v1",
     ),
-    "nodes": (r"^[1-9][0-9]{0,3}$", "a whole number of nodes from 1 to 9999"),
-    "image_dir": (PATH_RE.pattern, PATH_FORM),
-    "data_dir": (PATH_RE.pattern, PATH_FORM),
-    "checkpoint_dir": (PATH_RE.pattern, PATH_FORM),
+    "nodes": (r"[1-9][0-9]{0,3}", "a whole number of nodes from 1 to 9999"),
+    **{field: (PATH_RE, PATH_FORM) for field in PATH_FIELDS},
 }
 
-TIME_FORM = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (not zero)"
-_TIME_RE = re.compile(
-    r"^(?:(?P<d>\d+)-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
-    r"|(?P<a>\d+)(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)$"
+# Installing the project must not shadow or overwrite a module the job needs: the standard
+# library, and what the NGC PyTorch image and the PyTorch uenv bring (pip install -e puts the
+# package on sys.path next to them). Also the generated repository's own top-level directories.
+SHADOWED_MODULES = frozenset(
+    {
+        *getattr(sys, "stdlib_module_names", ()),
+        *("test", "tests", "conftest", "src", "tools", "scripts", "docs", "configs", "jobs"),
+        *("pip", "setuptools", "pkg_resources", "wheel", "distutils", "_distutils_hack"),
+        *("pytest", "_pytest", "pluggy", "pre_commit", "ruff", "cruft", "cookiecutter"),
+        *("torch", "torchvision", "torchaudio", "torchdata", "torchtext", "functorch"),
+        *("triton", "nvidia", "apex", "transformer_engine", "flash_attn", "nvfuser", "cupy"),
+        *("tensorrt", "torch_tensorrt", "onnx", "numba", "dali", "nvtx", "cudf", "cuda"),
+        *("numpy", "scipy", "pandas", "matplotlib", "sympy", "networkx", "jinja2", "yaml"),
+        *("transformers", "datasets", "tokenizers", "huggingface_hub", "safetensors"),
+        *("accelerate", "lightning", "pytorch_lightning", "tensorboard", "wandb", "mpi4py"),
+        *("packaging", "typing_extensions", "filelock", "fsspec", "requests", "tqdm", "tomli"),
+        *("h5py", "psutil", "six", "attr", "attrs", "click", "rich", "google", "ipython"),
+    }
 )
+
+TIME_FORM = (
+    "a Slurm time limit from 1 minute to 7 days: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+    "D-HH:MM:SS (Alps partitions allow at most 24 hours)"
+)
+MAX_TIME_S = 7 * 24 * 3600
+_TIME_RE = re.compile(
+    r"(?:(?P<d>[0-9]{1,2})-(?P<dh>[0-9]{1,2})(?::(?P<dm>[0-9]{1,2})(?::(?P<ds>[0-9]{1,2}))?)?"
+    r"|(?P<a>[0-9]{1,5})(?::(?P<b>[0-9]{1,2})(?::(?P<c>[0-9]{1,2}))?)?)",
+    re.ASCII,
+)
+
+# Directories the project writes to (and the EDF mounts) must not be any of these: a mount of
+# $HOME or /users leaks shell init files and caches into the container and exposes personal
+# data (alps-facts: "Don't mount all of /users or $HOME"); striping or filling a shared root
+# affects everyone. Compared after normalisation (see normalised_path).
+SHARED_ROOTS = frozenset(
+    {
+        "/",
+        "/users",
+        "/home",
+        *("/capstor", "/capstor/scratch", "/capstor/scratch/cscs", "/capstor/store"),
+        *("/capstor/store/cscs", "/iopsstor", "/iopsstor/scratch", "/iopsstor/scratch/cscs"),
+        *("/iopsstor/store", "/ritom", "/ritom/scratch", "/ritom/scratch/cscs", "/vast"),
+        *("/scratch", "/store", "/project", "/appl", "/apps", "/opt", "/usr", "/etc", "/var"),
+        *("/tmp", "/dev", "/proc", "/sys", "/run", "/boot", "/root", "/bin", "/sbin", "/lib"),
+        *("/lib64", "/mnt", "/srv", "/media"),
+    }
+)
+HOME = "/users/${USER}"  # $HOME on Alps (alps-facts, storage table)
+# Jinja openers, written split: this file is itself rendered by Jinja.
+TEMPLATE_SYNTAX = ("{" + "{", "{" + "%", "{" + "#")
+
+
+def normalised_path(path: str) -> str:
+    """The path with ${HOME}/$HOME/~ spelled /users/${USER}, '//', '/.' and '..' resolved."""
+    path = re.sub(r"^~(?=/|$)", HOME, path)
+    path = re.sub(r"\$\{HOME\}|\$HOME(?![A-Za-z0-9_])", HOME, path)
+    path = posixpath.normpath(re.sub(r"^/+", "/", path))
+    return "/" + path.lstrip("/") if path.startswith("/") else path
+
+
+def path_error(value: str) -> str | None:
+    """Why a data/run/image directory is unsafe, or None."""
+    if any(part == ".." for part in value.split("/")):
+        return "a path without '..' components"
+    path = normalised_path(value)
+    if path in SHARED_ROOTS:
+        return f"a directory of your own, not {path} (a shared or system root)"
+    if path == HOME or re.fullmatch(r"/(users|home)/[^/]+", path):
+        return "a subdirectory, not a whole home directory (the EDF would mount it)"
+    # /<fs>/scratch/<site> and /capstor/store/<tenant>[/<customer>] hold everyone's directories
+    if re.fullmatch(
+        r"/(capstor|iopsstor|ritom)/(scratch|store)/[^/]+|/capstor/store/[^/]+/[^/]+", path
+    ):
+        return f"a directory of your own, not {path} (a shared root)"
+    return None
 
 
 def time_limit_error(value: str) -> str | None:
-    """None if value is a valid, non-zero Slurm time limit, else the accepted form."""
-    m = _TIME_RE.match(value)
+    """None if value is a valid Slurm time limit from 1 minute to 7 days, else the form."""
+    m = _TIME_RE.fullmatch(value)
     if not m:
         return TIME_FORM
     g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
@@ -102,56 +199,112 @@ def time_limit_error(value: str) -> str | None:
         total = g["a"] * 60 + g["b"]
     else:  # MM
         total = g["a"] * 60
-    return None if total > 0 else TIME_FORM
+    return None if 60 <= total <= MAX_TIME_S else TIME_FORM
 
 
-def free_text_error(value: str, max_len: int) -> str | None:
-    form = f"one line of at most {max_len} printable characters"
-    if not value.strip() or len(value) > max_len:
-        return form
+def text_error(field: str, value: str) -> str | None:
+    """Problems every text answer is checked for, in this order."""
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        return "valid UTF-8 text (a byte of another encoding, e.g. Latin-1, was given)"
+    if any(marker in value for marker in TEMPLATE_SYNTAX):
+        shown = ", ".join(TEMPLATE_SYNTAX)
+        return f"no template syntax ({shown}): cookiecutter renders answers with Jinja first"
+    limit = MAX_LENGTH.get(field)
+    if limit is not None and len(value) > limit:
+        form = PATTERNS[field][1] + ", " if field in PATTERNS else ""
+        return f"{form}at most {limit} characters (got {len(value)})"
+    return None
+
+
+def free_text_error(value: str) -> str | None:
+    if not value.strip():
+        return "one line of printable text, not empty"
     if any(ord(ch) < 32 or ord(ch) == 127 or ord(ch) > 0xFFFF for ch in value):
-        return form + " (no newlines, tabs or other control characters)"
+        return "one line of printable characters (no newlines, tabs or other control characters)"
+    return None
+
+
+def field_error(field: str, value: object) -> str | None:
+    """The accepted form when value is not acceptable for field, else None."""
+    if field in CHOICES:
+        return None if value in CHOICES[field] else "one of " + ", ".join(CHOICES[field])
+    if field in BOOLEANS:
+        return None if value in BOOLEANS[field] else "true or false (yes or no)"
+    if not isinstance(value, str):
+        return "a string"
+    problem = text_error(field, value)
+    if problem:
+        return problem
+    if field in FREE_TEXT:
+        return free_text_error(value)
+    if field in PATTERNS:
+        pattern, form = PATTERNS[field]
+        if not re.fullmatch(pattern, value, re.ASCII):
+            return form
+    if field in PATH_FIELDS:
+        return path_error(value)
+    if field == "package_name" and (keyword.iskeyword(value) or value in SHADOWED_MODULES):
+        return (
+            "a name that does not shadow a Python keyword, a standard-library module or a module "
+            "of the NGC image or uenv (torch, numpy, pip, setuptools, pytest, triton, ...)"
+        )
+    if field == "time_limit":
+        return time_limit_error(value)
     return None
 
 
 def validate(answers: dict) -> list[str]:
-    """Return one message per invalid answer (empty list: all valid)."""
+    """One message per invalid answer (empty list: all valid). Private (_) keys are skipped."""
     errors = []
-
-    def bad(field: str, form: str) -> None:
-        errors.append(f"{field} = {answers.get(field)!r} is invalid: expected {form}")
-
-    for field, choices in CHOICES.items():
-        if answers.get(field) not in choices:
-            bad(field, "one of " + ", ".join(choices))
-    for field, max_len in FREE_TEXT.items():
-        problem = free_text_error(str(answers.get(field, "")), max_len)
-        if problem:
-            bad(field, problem)
-    for field, (pattern, form) in PATTERNS.items():
-        if not re.fullmatch(pattern, str(answers.get(field, ""))):
-            bad(field, form)
-    package = str(answers.get("package_name", ""))
-    if (
-        keyword.iskeyword(package)
-        or package in sys.stdlib_module_names
-        or package
-        in {
-            "torch",
-            "numpy",
-            "tests",
-        }
-    ):
-        bad(
-            "package_name",
-            "a name that does not shadow a keyword, the standard library, torch or numpy",
-        )
-    if len(str(answers.get("project_slug", ""))) > 64:
-        bad("project_slug", "at most 64 characters (it is the Slurm job name)")
-    problem = time_limit_error(str(answers.get("time_limit", "")))
-    if problem:
-        bad("time_limit", problem)
+    for field, value in answers.items():
+        if field.startswith("_"):
+            continue
+        form = field_error(field, value)
+        if form:
+            shown = value
+            if isinstance(value, str):  # a lone surrogate cannot be printed as it is
+                shown = value.encode("utf-8", "backslashreplace").decode()
+            if isinstance(shown, str) and len(shown) > 80:
+                shown = shown[:60] + f"... ({len(shown)} characters)"
+            errors.append(f"{field} = {shown!r} is invalid: expected {form}")
     return errors
+
+
+_CLEANER = """
+import os, sys, time
+project, parents = sys.argv[1], sys.argv[2:]
+deadline = time.monotonic() + 30
+while os.path.exists(project) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for directory in parents:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        break
+"""
+
+
+def clean_slug_parents(answers: dict) -> None:
+    """A slug with '/' made cookiecutter create every directory on the way (mkdir parents=True);
+    on a failed hook it removes only the project directory, after this hook has exited. A
+    detached child waits for that, then removes the parents it created if they are empty."""
+    slug, output_dir = str(answers.get("project_slug", "")), answers.get("_output_dir")
+    if "/" not in slug or not output_dir:
+        return
+    parents, base = [], Path(output_dir)
+    for part in Path(slug).parts[:-1]:
+        if part in ("..", ".", "/"):
+            break
+        base = base / part
+        parents.append(str(base))
+    if parents:
+        subprocess.Popen(
+            [sys.executable, "-c", _CLEANER, os.getcwd(), *reversed(parents)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def main() -> int:
@@ -163,6 +316,7 @@ def main() -> int:
             "Nothing was generated. Run cookiecutter again with corrected answers.",
             file=sys.stderr,
         )
+        clean_slug_parents(ANSWERS)
         return 1
     return 0
 

@@ -7,25 +7,29 @@ and they cycle the independent answers (cluster, account, git_init) across them.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
-# and uenv part x {srun, torchrun}.
-CONFIGS: dict[str, dict[str, str]] = {
-    # --no-input defaults: clariden, container, ngc, srun, git_init=yes
+# and uenv part x {srun, torchrun}; ci github (default), gitlab and none.
+CONFIGS: dict[str, dict[str, str | bool]] = {
+    # --no-input defaults: clariden, container, ngc, srun, ci=github, git_init=true
     "default": {},
     "uenv-torchrun": {
         "env_flavour": "uenv",
         "launcher": "torchrun",
         "cluster": "daint",
-        "git_init": "no",
+        "ci": "none",
+        "git_init": False,
         "nodes": "2",
     },
     "both-extended-srun": {
@@ -33,7 +37,8 @@ CONFIGS: dict[str, dict[str, str]] = {
         "container_base": "alps-extended",
         "cluster": "santis",
         "account": "a-g34",
-        "git_init": "no",
+        "ci": "gitlab",
+        "git_init": False,
     },
     "container-extended-torchrun": {
         "env_flavour": "container",
@@ -41,16 +46,37 @@ CONFIGS: dict[str, dict[str, str]] = {
         "launcher": "torchrun",
         "partition": "debug",
         "time_limit": "30",
-        "git_init": "no",
+        "git_init": False,
     },
     "both-ngc-torchrun": {
         "env_flavour": "both",
         "launcher": "torchrun",
         "cluster": "daint",
         "account": "g34",
-        "git_init": "no",
+        "git_init": False,
     },
 }
+
+
+def answers(name: str) -> dict:
+    """The effective answers of a named configuration (cookiecutter.json defaults + overrides)."""
+    defaults = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())
+    merged = {k: (v[0] if isinstance(v, list) else v) for k, v in defaults.items()}
+    merged.update(CONFIGS[name])
+    return merged
+
+
+def load_hook(directory: Path, hook: str, answers: dict) -> ModuleType:
+    """hooks/<hook>.py rendered for `answers` and imported from `directory` (main() not run)."""
+    from cookiecutter.environment import StrictEnvironment
+
+    source = (TEMPLATE_DIR / "hooks" / f"{hook}.py").read_text()
+    rendered = directory / f"{hook}_{len(list(directory.glob(hook + '_*')))}.py"
+    rendered.write_text(StrictEnvironment().from_string(source).render(cookiecutter=answers))
+    spec = importlib.util.spec_from_file_location(rendered.stem, rendered)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def clean_env() -> dict[str, str]:

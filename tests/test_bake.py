@@ -9,26 +9,15 @@ import sys
 import tomllib
 from pathlib import Path
 
-from conftest import CONFIGS, TEMPLATE_DIR, run
-
-CONTAINER_FILES = {
-    "Dockerfile",
-    ".dockerignore",
-    "container/edf.toml",
-    "scripts/build_image.sh",
-    "jobs/train_container.sbatch",
-}
-UENV_FILES = {"jobs/train_uenv.sbatch"}
+import pytest
+from conftest import TEMPLATE_DIR, answers, load_hook, run
 
 
-def answers(name: str) -> dict:
-    """The effective answers of a named configuration (defaults + overrides)."""
-    import json
-
-    defaults = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())
-    merged = {k: (v[0] if isinstance(v, list) else v) for k, v in defaults.items()}
-    merged.update(CONFIGS[name])
-    return merged
+@pytest.fixture(scope="session")
+def post_gen_hook(tmp_path_factory):
+    """hooks/post_gen_project.py imported: OPTIONAL_FILES and unchosen_files are the one list of
+    files that belong to one answer only."""
+    return load_hook(tmp_path_factory.mktemp("hook"), "post_gen_project", answers("default"))
 
 
 def generated_files(root: Path) -> set[str]:
@@ -39,35 +28,40 @@ def generated_files(root: Path) -> set[str]:
     }
 
 
-def expected_files(name: str, package: str) -> set[str]:
-    """Files of the template directory, names rendered, minus the unchosen flavour's."""
+def template_files(package: str) -> set[str]:
+    """Files of the template directory, names rendered."""
     src = TEMPLATE_DIR / "{{cookiecutter.project_slug}}"
-    files = {
+    return {
         p.relative_to(src).as_posix().replace("{{cookiecutter.package_name}}", package)
         for p in src.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    flavour = answers(name)["env_flavour"]
-    if flavour == "uenv":
-        files -= CONTAINER_FILES
-    if flavour == "container":
-        files -= UENV_FILES
-    return files
 
 
-def test_exact_file_set(baked):
+def under(files: set[str], paths: list[str]) -> set[str]:
+    """The files that are one of paths or inside one of them."""
+    return {f for f in files if any(f == p or f.startswith(p + "/") for p in paths)}
+
+
+def test_exact_file_set(baked, post_gen_hook):
     name, path = baked
     package = path.name.replace("-", "_")
-    flavour = answers(name)["env_flavour"]
     files = generated_files(path)
-    assert files == expected_files(name, package)
-    # the flavour files are decided here, whatever the template directory holds
-    assert (CONTAINER_FILES <= files) == (flavour in ("container", "both"))
-    assert (UENV_FILES <= files) == (flavour in ("uenv", "both"))
+    everything = template_files(package)
+    dropped = under(everything, post_gen_hook.unchosen_files(answers(name)))
+    assert files == everything - dropped
+    # each optional file is there exactly when its answer chose it
+    a = answers(name)
+    for key, choices in post_gen_hook.OPTIONAL_FILES.items():
+        for choice, paths in choices.items():
+            wanted = a[key] in (choice, post_gen_hook.KEEPS_ALL.get(key))
+            assert (under(everything, paths) <= files) == wanted, (key, choice)
+            assert bool(under(files, paths)) == wanted, (key, choice)
     for always in (
         "README.md",
         "pyproject.toml",
         ".gitignore",
+        "docs/answers.md",
         "configs/default.toml",
         "scripts/setup_venv.sh",
         "scripts/stripe_lustre.sh",
@@ -75,6 +69,62 @@ def test_exact_file_set(baked):
         f"src/{package}/__main__.py",
     ):
         assert always in files
+
+
+def test_design_lists_the_optional_files(post_gen_hook):
+    """docs/DESIGN.md's generated-repository table names each optional file with its answer."""
+    rows = [
+        line
+        for line in (TEMPLATE_DIR / "docs" / "DESIGN.md").read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    for key, choices in post_gen_hook.OPTIONAL_FILES.items():
+        for choice, paths in choices.items():
+            row = [r for r in rows if f"| {key}={choice} |" in r]
+            assert len(row) == 1, f"DESIGN.md needs one row for {key}={choice}"
+            listed = set(re.findall(r"`([^`]+)`", row[0].split(" | ")[0]))
+            assert {p.rstrip("/") for p in listed} == set(paths), (key, choice)
+
+
+def test_answers_doc_states_every_answer(baked):
+    name, path = baked
+    doc = (path / "docs" / "answers.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \| (.*) \|$", doc, re.MULTILINE)
+    visible = {k: v for k, v in answers(name).items() if not k.startswith("_")}
+    assert [key for key, _ in listed] == list(visible)
+    for key, shown in listed:
+        value = visible[key]
+        if "{" not in str(value):  # derived defaults (slug, paths) are rendered in the doc
+            assert shown == (str(value) or "(empty)"), key
+
+
+def test_secrets_are_ignored_by_git(bake, tmp_path):
+    path = bake("uenv-torchrun")  # git_init=false: a copy with its own git
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(path / ".gitignore", repo / ".gitignore")
+    run(["git", "init", "--quiet"], cwd=repo)
+    secrets = [
+        ".env",
+        ".env.local",
+        "server.key",
+        "certs/site.pem",
+        ".netrc",
+        "credentials.json",
+        "gcp-credentials.json",
+        "hf_token",
+        "hf_token.txt",
+        ".huggingface/token",
+        ".cache/huggingface/token",
+        ".wandb/settings",
+        "wandb/run-20250101_000000-abc/files/config.yaml",
+        "id_ed25519",
+    ]
+    proc = run(["git", "check-ignore", "--no-index", *secrets], cwd=repo, check=False)
+    assert proc.stdout.split() == secrets
+    kept = ["configs/default.toml", ".env.example", "src/keys.py", "docs/credentials.md"]
+    proc = run(["git", "check-ignore", "--no-index", *kept], cwd=repo, check=False)
+    assert proc.stdout.split() == []
 
 
 # Openers are what an unrendered template leaves behind; closers alone ("%}", "}}") occur in
@@ -219,7 +269,7 @@ def test_pyproject_keeps_torch_loose(baked):
 
 def test_git_init(baked):
     name, path = baked
-    if answers(name)["git_init"] == "yes":
+    if answers(name)["git_init"]:
         log = run(["git", "log", "--oneline"], cwd=path).stdout.splitlines()
         assert len(log) == 1
         assert run(["git", "status", "--porcelain"], cwd=path).stdout == ""
@@ -256,13 +306,15 @@ def test_build_image_dry_run_prints_the_pipeline(bake):
     assert not env_home.exists()  # a dry run writes nothing
 
 
-def test_striping_layout_is_current_and_consistent(bake, tmp_path):
+LUSTRE_LAYOUT = answers("default")["_lustre_layout"]  # the one source: cookiecutter.json
+
+
+def test_striping_layout_is_current_and_consistent(bake, tmp_path, post_gen_hook):
     path = bake("default")
     script = (path / "scripts/stripe_lustre.sh").read_text()
-    hook = (TEMPLATE_DIR / "hooks/post_gen_project.py").read_text()
-    layout = "-E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M"
-    assert f"LAYOUT=({layout})" in script
-    assert f'LUSTRE_LAYOUT = "{layout}"' in hook
+    assert LUSTRE_LAYOUT == "-E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M"  # CSCS, 2025-11
+    assert f"LAYOUT=({LUSTRE_LAYOUT})" in script
+    assert post_gen_hook.LUSTRE_LAYOUT == LUSTRE_LAYOUT
     assert "-c -1" not in script.replace("-E -1 -c 32", "")
     # off Alps (no lfs) the script prints the exact commands and fails nothing
     proc = run(
@@ -270,7 +322,7 @@ def test_striping_layout_is_current_and_consistent(bake, tmp_path):
         cwd=path,
         env={"PATH": "/usr/bin:/bin"},
     )
-    assert f"lfs setstripe {layout} '{tmp_path}/a b'" in proc.stderr
+    assert f"lfs setstripe {LUSTRE_LAYOUT} '{tmp_path}/a b'" in proc.stderr
 
 
 def test_striping_applied_with_lfs(bake, tmp_path):
@@ -288,9 +340,7 @@ def test_striping_applied_with_lfs(bake, tmp_path):
         env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
     )
     assert target.is_dir()
-    assert calls.read_text().splitlines()[0] == (
-        f"setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M {target}"
-    )
+    assert calls.read_text().splitlines()[0] == f"setstripe {LUSTRE_LAYOUT} {target}"
 
 
 def test_setup_venv_layers_on_the_environment(bake, tmp_path):

@@ -8,7 +8,6 @@ cookiecutter configuration takes part.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -18,8 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import TEMPLATE_DIR, clean_env, run
-from cookiecutter.environment import StrictEnvironment
+from conftest import TEMPLATE_DIR, clean_env, load_hook, run
 
 SLUG = "alps-torch-project"
 PACKAGE = "alps_torch_project"
@@ -115,11 +113,11 @@ def leftover_conflicts(project: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("git_init", "flavour"),
-    [("no", "uenv"), ("yes", "both")],
+    [(False, "uenv"), (True, "both")],
     ids=["git_init-no", "git_init-yes"],
 )
 def test_update_brings_template_change_and_keeps_user_edits(
-    tmp_path: Path, template: Path, env: dict[str, str], git_init: str, flavour: str
+    tmp_path: Path, template: Path, env: dict[str, str], git_init: bool, flavour: str
 ):
     answers = {"git_init": git_init, "env_flavour": flavour, "nodes": "1"}
     out = tmp_path / "projects"
@@ -142,7 +140,7 @@ def test_update_brings_template_change_and_keeps_user_edits(
     assert state["commit"] == git(template, env, "rev-parse", "HEAD")
     assert {k: state["context"]["cookiecutter"][k] for k in answers} == answers
 
-    if git_init == "yes":
+    if git_init:
         # the hook made the first commit; cruft wrote .cruft.json after it (cruft #155)
         assert git(project, env, "rev-list", "--count", "HEAD") == "1"
         assert changed_paths(project, env) == {".cruft.json"}
@@ -251,13 +249,7 @@ def test_link_project_generated_with_plain_cookiecutter(
 
 def load_post_gen_hook(tmp_path: Path, answers: dict) -> ModuleType:
     """hooks/post_gen_project.py rendered for `answers` and imported (main() does not run)."""
-    source = (TEMPLATE_DIR / "hooks" / "post_gen_project.py").read_text()
-    rendered = tmp_path / f"post_gen_project_{len(list(tmp_path.glob('post_gen_*')))}.py"
-    rendered.write_text(StrictEnvironment().from_string(source).render(cookiecutter=answers))
-    spec = importlib.util.spec_from_file_location(rendered.stem, rendered)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_hook(tmp_path, "post_gen_project", answers)
 
 
 def test_hook_detects_cruft_scratch_renders_only(tmp_path: Path, monkeypatch):

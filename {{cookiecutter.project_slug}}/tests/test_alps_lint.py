@@ -122,10 +122,10 @@ UENV_JOB = (
     + "srun python -m app\n"
 )
 STRIPE_SCRIPT = dedent(
-    """
+    f"""
     #!/bin/bash
     # Older guides used "lfs setstripe -E -1 -c -1": stale, and this comment is not code.
-    lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M "$1"
+    lfs setstripe {alps_lint.LUSTRE_LAYOUT} "$1"
     """
 )
 CLEAN_REPO = {
@@ -368,12 +368,35 @@ CASES = [
         ],
     ),
     (
+        "EDF-ROOT",
+        {"container/edf.toml": NGC_EDF.replace('"/users/${USER}/code"', '"/users/${USER}/..//.."')},
+        "container/edf.toml",
+        [
+            "container/edf.toml:7: EDF-ROOT: mounts the host's whole file system "
+            "('/users/${USER}/..//..')"
+        ],
+    ),
+    (
+        "SB-LATE-DIRECTIVE",
+        {
+            "jobs/train_uenv.sbatch": UENV_JOB.replace(
+                "#SBATCH -A a-g34\n", "#SBATCH -A a-g34\nmodule load cray\n"
+            )
+        },
+        "jobs/train_uenv.sbatch",
+        [
+            f"jobs/train_uenv.sbatch:{n}: SB-LATE-DIRECTIVE: #SBATCH after the first command "
+            "(line 3): sbatch ignores it"
+            for n in (4, 5, 6)
+        ],
+    ),
+    (
         "LUSTRE-STRIPE",
         {"scripts/stripe.sh": STRIPE_SCRIPT + 'lfs setstripe -E 4M -c 1 -E -1 -c -1 "$2"\n'},
         "scripts/stripe.sh",
         [
             "scripts/stripe.sh:4: LUSTRE-STRIPE: '-c -1' stripes over all OSTs: use "
-            "'lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M'"
+            f"'lfs setstripe {alps_lint.LUSTRE_LAYOUT}'"
         ],
     ),
 ]
@@ -404,7 +427,23 @@ def test_rule_silenced_by_comment(lint, rule, files, target, expected):
 # --- details ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source", ["$HOME", "${HOME}", "/users", "/users/${USER}/", "~"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "$HOME",
+        "${HOME}",
+        "/users",
+        "/users/${USER}/",
+        "~",
+        "~/",
+        "${HOME}/.",
+        "$HOME/./",
+        "/users/${USER}/..",
+        "//users",
+        "/users/someone",
+        "/users/${USER}/code/..",
+    ],
+)
 def test_whole_home_mounts(lint, source):
     edf = NGC_EDF.replace('"/users/${USER}/code"', f'"{source}:/home"')
     status, report = lint({"container/edf.toml": edf}, "container/edf.toml")
@@ -494,9 +533,38 @@ def test_sh_file_with_sbatch_lines_is_a_job(lint):
 
 
 def test_sbatch_lines_after_the_first_command_are_ignored(lint):
-    """sbatch stops reading #SBATCH options at the first command, and so does the linter."""
+    """sbatch stops reading #SBATCH options at the first command: the linter reports such a
+    line as ignored, and does not read it as an option (no SB-ENV-DIRECTIVE)."""
     job = CONTAINER_JOB + "#SBATCH --environment=./container/edf.toml\n"
-    assert lint({"jobs/train_container.sbatch": job}, "jobs/train_container.sbatch") == (0, [])
+    assert lint({"jobs/train_container.sbatch": job}, "jobs/train_container.sbatch") == (
+        1,
+        [
+            "jobs/train_container.sbatch:17: SB-LATE-DIRECTIVE: #SBATCH after the first command "
+            "(line 8): sbatch ignores it"
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("mount", "message"),
+    [
+        ("/:/host", "mounts the host's whole file system ('/')"),
+        ("//:/host:ro", "mounts the host's whole file system ('//')"),
+        ("${SCRATCH}/usr:/usr", "mounts over the image's /usr"),
+        ("/opt", "mounts over the image's /opt"),
+        ("${SCRATCH}/x:/etc/../", "mounts over the image's /"),
+    ],
+)
+def test_root_and_system_mounts(lint, mount, message):
+    edf = NGC_EDF.replace('"/users/${USER}/code"', f'"{mount}"')
+    status, report = lint({"container/edf.toml": edf}, "container/edf.toml")
+    assert report == [f"container/edf.toml:7: EDF-ROOT: {message}"]
+
+
+def test_shared_roots_with_a_user_part_are_fine(lint):
+    """CSCS's own examples mount /capstor and /iopsstor: not reported."""
+    edf = NGC_EDF.replace('"/users/${USER}/code"', '"/capstor", "/iopsstor", "${HOME}/code"')
+    assert lint({"container/edf.toml": edf}, "container/edf.toml") == (0, [])
 
 
 @pytest.mark.parametrize(
@@ -547,14 +615,31 @@ def test_silencing_a_continued_command_on_its_last_line(lint):
     assert lint({"jobs/train_container.sbatch": job}, "jobs/train_container.sbatch") == (0, [])
 
 
-def test_every_rule_is_documented():
+def test_rule_table_in_docs_is_the_registry():
+    """docs/pre-commit.md's rule table is `alps_lint.py --list-rules --markdown`, row for row."""
     docs = (REPO / "docs" / "pre-commit.md").read_text()
-    assert [rule for rule in alps_lint.RULES if f"| `{rule}` |" not in docs] == []
+    rules = docs.split("### Rules\n\n", 1)[1].split("\n\n", 1)[0].rstrip("\n")
+    table = rules + "\n"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "alps_lint.py"), "--list-rules", "--markdown"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert table == proc.stdout, "regenerate: python tools/alps_lint.py --list-rules --markdown"
+
+
+def test_rules_are_registered_once_with_their_check():
+    assert len(alps_lint.RULES) == len({r.check for r in alps_lint.RULES.values()})
+    assert all(r.subject in {"edf-text", "edf", "shell", "job"} for r in alps_lint.RULES.values())
+    source = (REPO / "tools" / "alps_lint.py").read_text()
+    for rule_id in alps_lint.RULES:  # each id is written once: where it is registered
+        assert source.count(f'"{rule_id}"') == 1, rule_id
 
 
 def test_explain(capsys):
     assert alps_lint.main(["--explain", "EDF-HOME"]) == 0
-    assert capsys.readouterr().out.startswith("EDF-HOME: Mounting all of $HOME or /users")
+    assert capsys.readouterr().out.startswith("EDF-HOME: Mounting all of `$HOME` or `/users`")
     assert alps_lint.main(["--explain"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(alps_lint.RULES)
     assert alps_lint.main(["--explain", "NO-SUCH-RULE"]) == 2

@@ -4,6 +4,11 @@
     python tools/alps_lint.py               # scan the repository (EDFs, *.sbatch, *.sh)
     python tools/alps_lint.py FILE...       # check these files (what the pre-commit hook does)
     python tools/alps_lint.py --explain [ID...]   # why each rule exists
+    python tools/alps_lint.py --list-rules --markdown   # the rule table of docs/pre-commit.md
+
+Each rule is a function registered with ``@rule(id, why, subject)`` over a parsed ``Edf`` or
+``Script``; it yields ``Report(line, message)``. The Alps Extended Image requirements are rows
+of ``BASE_REQUIREMENTS``.
 
 Every problem is printed as ``file:line: RULE-ID: message``; the exit status is 1 when anything
 was reported. Silence a report with a comment on the reported line (for a shell command continued
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import os
 import posixpath
 import re
@@ -38,6 +44,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,128 +58,42 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 @dataclass(frozen=True)
+class Report:
+    """What a rule's check yields: a line (and the last line of a continued command)."""
+
+    line: int
+    message: str
+    end: int = 0
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     why: str
+    subject: str  # what the check reads: "edf-text", "edf", "shell" or "job" (see lint_file)
+    check: Callable[..., Iterable[Report]]
     file_level: bool = False
 
 
-RULES: dict[str, Rule] = {
-    r.id: r
-    for r in [
-        # --- EDF (Container Engine environment definition files)
-        Rule(
-            "EDF-TOML",
-            "The Container Engine cannot read the EDF: every srun --environment using it fails.",
-            file_level=True,
-        ),
-        Rule(
-            "EDF-KEY",
-            "The EDF knows only base_environment, image, workdir, entrypoint, writable, mounts, "
-            "env, annotations (and devices); anything else is a typo or belongs under [env] or "
-            "[annotations].",
-        ),
-        Rule(
-            "EDF-TYPE",
-            "EDF values are typed: entrypoint/writable are booleans, mounts an array of strings, "
-            '[env] and [annotations] values strings (write "true", not true).',
-        ),
-        Rule(
-            "EDF-VAR",
-            "The Container Engine expands variables written ${VAR}; write the braces "
-            "(${VAR:-} for an optional one, $${VAR} for a literal ${VAR}).",
-        ),
-        Rule(
-            "EDF-HOME",
-            "Mounting all of $HOME or /users leaks shell init files and stale caches "
-            "(~/.triton, ~/.cache) into the container, exposes personal data and hides the SSH "
-            "hook's ~/.ssh: mount only the subdirectories you need.",
-        ),
-        Rule(
-            "EDF-RELPATH",
-            "Relative EDF paths are resolved against the directory srun runs in and must be "
-            "written ./path; use ./path, an absolute path or ${VAR}/path.",
-        ),
-        Rule(
-            "EDF-BASE",
-            "The '# base:' marker tells this linter which base image a local .sqsh was built "
-            "from; it must agree with the image reference or the Dockerfile's FROM.",
-        ),
-        Rule(
-            "EDF-EXT-OFI",
-            "Alps Extended Images carry their own libfabric and NCCL plugin; the aws_ofi_nccl "
-            "hook must not inject a second one.",
-        ),
-        Rule(
-            "EDF-EXT-CXI",
-            "The CXI hook replaces the image's libfabric with the host's; Alps Extended Images "
-            'need com.hooks.cxi.enabled = "false".',
-        ),
-        Rule(
-            "EDF-EXT-ENTRYPOINT",
-            "The entrypoint of an Alps Extended Image sets up its network stack "
-            "(/opt/nvidia/entrypoint.d): the EDF needs entrypoint = true.",
-        ),
-        Rule(
-            "EDF-OFI",
-            "Without the aws_ofi_nccl hook an NGC (or other) image has no Slingshot plugin and "
-            "NCCL falls back to TCP sockets; CSCS: keep it always on, even on one node.",
-        ),
-        # --- Slurm job scripts
-        Rule(
-            "SB-ENV-DIRECTIVE",
-            "#SBATCH --environment is experimental: the whole batch script runs in the container "
-            "without Slurm, hooks or filesystems, srun --environment then enters a container "
-            "twice, and Alps Extended Images fail to load switch/hpe_slingshot.",
-        ),
-        Rule(
-            "SB-SRUN-ENV",
-            "In a container job only steps started with srun --environment run in the container; "
-            "a step without it runs on the bare host (no image, no hooks).",
-        ),
-        Rule(
-            "SB-UENV-NCCL",
-            "A uenv job must set the NCCL/libfabric variables of CSCS's NCCL page itself (nothing "
-            "injects them as the CE hook does); without them NCCL may use TCP or hang on "
-            "Slingshot.",
-        ),
-        Rule(
-            "SB-UENV-PLUGIN",
-            "With a uenv, NCCL_NET_PLUGIN takes precedence over NCCL_NET and NCCL cannot find the "
-            "plugin under that name: 'NCCL WARN Error: network AWS Libfabric not found'.",
-        ),
-        Rule(
-            "SB-CE-NCCL",
-            "In a container the aws_ofi_nccl hook (or an Alps Extended Image's entrypoint) sets "
-            "the NCCL/libfabric variables per CE release; exporting the uenv snippet overrides "
-            "them with other values (e.g. NCCL_CROSS_NIC=1 where the hook sets 0).",
-        ),
-        Rule(
-            "SB-CE-TRITON",
-            "TRITON_HOME=/dev/shm is recommended for uenv jobs only; inside a CE container "
-            "/dev/shm's mount settings can make Triton fail. Use a path inside the container.",
-        ),
-        Rule(
-            "SB-LOGDIR",
-            "Slurm neither creates the directory of --output/--error nor expands variables in "
-            "#SBATCH lines; a missing directory makes the job fail without any log. Keep it in "
-            "git (logs/.gitkeep) so that every clone has it.",
-        ),
-        Rule(
-            "SB-ACCOUNT",
-            "Without --account the job is charged to your default project (or rejected when you "
-            "have none); most Alps users belong to several. Silence it for the file if intended.",
-            file_level=True,
-        ),
-        # --- shell scripts (sbatch and *.sh)
-        Rule(
-            "LUSTRE-STRIPE",
-            "'lfs setstripe ... -c -1' stripes over every OST (~160 on Capstor), the stale layout "
-            "of older guides; CSCS now recommends 'lfs setstripe -E 4M -c 1 -E 64M -c 4 -E -1 "
-            "-c 32 -S 4M' (uenv caps striping at 32 too).",
-        ),
-    ]
-}
+# Every rule, in the order of `--explain` and of the table in docs/pre-commit.md.
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, why: str, subject: str, file_level: bool = False):
+    """Register the decorated check as rule `rule_id`; `why` is its explanation (Markdown)."""
+
+    def register(check: Callable[..., Iterable[Report]]):
+        if rule_id in RULES:
+            raise ValueError(f"rule {rule_id} registered twice")
+        RULES[rule_id] = Rule(rule_id, " ".join(why.split()), subject, check, file_level)
+        return check
+
+    return register
+
+
+# CSCS's progressive layout (storage guide, 2025-11); one source: _lustre_layout in the
+# template's cookiecutter.json, also used by scripts/stripe_lustre.sh.
+LUSTRE_LAYOUT = "{{ cookiecutter._lustre_layout }}"
 
 
 @dataclass(frozen=True)
@@ -220,17 +141,6 @@ def unsilenced(findings: list[Finding], lines: list[str]) -> list[Finding]:
 # ---------------------------------------------------------------------------------------------
 # EDF (TOML)
 
-EDF_KEYS = (
-    "base_environment",
-    "image",
-    "workdir",
-    "entrypoint",
-    "writable",
-    "mounts",
-    "env",
-    "annotations",
-    "devices",
-)
 EDF_DIRS = {"container", "containers", "edf", ".edf"}
 EDF_HINT_RE = re.compile(r"(?m)^\s*(?:(?:image|mounts|base_environment)\s*=|\[\s*annotations\b)")
 KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
@@ -240,9 +150,6 @@ ASSIGN_RE = re.compile(rf"\s*({DOTTED_KEY})\s*=")
 BASE_MARKER_RE = re.compile(
     r"(?m)^\s*#\s*(?:alps-lint:\s*base\s*=|base\s*:)\s*(ngc|alps-extended|other)\b"
 )
-WHOLE_HOME_RE = re.compile(r"^(?:~|\$\{?HOME\}?|/users(?:/[^/]+)?)$")
-OFI = "com.hooks.aws_ofi_nccl.enabled"
-CXI = "com.hooks.cxi.enabled"
 BASE_NAMES = {
     "alps-extended": "an Alps Extended Image",
     "ngc": "an NGC image",
@@ -429,131 +336,285 @@ def type_name(value: object) -> str:
     return "an array" if isinstance(value, list) else "a table"
 
 
-def check_edf(display: str, path: Path, text: str, root: Path) -> list[Finding]:
-    lines = text.splitlines()
-    if tomllib is None:
-        print("alps_lint: Python < 3.11 needs the tomli package to read EDFs", file=sys.stderr)
-        raise SystemExit(2)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        return [Finding(display, 1, "EDF-TOML", f"not valid TOML: {err}")]
+class Edf:
+    """An EDF as the rules read it: the TOML data (None when it does not parse), where each key
+    is written, its string values with their lines and the base image it runs."""
 
-    index = key_lines(lines)
-    findings: list[Finding] = []
+    def __init__(self, display: str, path: Path, text: str, root: Path):
+        self.display, self.path, self.text, self.root = display, path, text, root
+        self.lines = text.splitlines()
+        self.error: str | None = None
+        try:
+            self.data: dict = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            self.data, self.error = {}, str(err)
+            return
+        self.index = key_lines(self.lines)
+        image = self.data.get("image")
+        self.image = image if isinstance(image, str) else ""
+        self.image_line = self.line_of("image") if "image" in self.data else 1
+        self.base, self.how, self.base_conflict = detect_base(text, self.image, path, root)
+        annotations = self.data.get("annotations")
+        self.annotations = flatten(annotations) if isinstance(annotations, dict) else {}
 
-    def line_of(key: str, needle: str | None = None) -> int:
-        start = index.get(key) or index.get(key.partition(".")[0]) or 1
-        # an array element: the first line from the key on that holds it (quoted if possible)
+    def line_of(self, key: str, needle: str | None = None) -> int:
+        """The line a (dotted) key is written on; with needle: the line of that array element."""
+        start = self.index.get(key) or self.index.get(key.partition(".")[0]) or 1
         for probe in (f'"{needle}"', f"'{needle}'", needle) if needle else ():
-            for number in range(start, len(lines) + 1):
-                if probe in lines[number - 1]:
+            for number in range(start, len(self.lines) + 1):
+                if probe in self.lines[number - 1]:
                     return number
         return start
 
-    def report(line: int, rule: str, message: str) -> None:
-        findings.append(Finding(display, line, rule, message))
+    def strings(self) -> list[tuple[str, str, int]]:
+        """(key, value, line) of every string value, array elements and tables included."""
+        found = []
+        for key, value in self.data.items():
+            if isinstance(value, str):
+                found.append((key, value, self.line_of(key)))
+            elif isinstance(value, list):
+                found += [(key, v, self.line_of(key, v)) for v in value if isinstance(v, str)]
+            elif isinstance(value, dict):
+                for name, item in flatten(value).items():
+                    if isinstance(item, str):
+                        found.append((f"{key}.{name}", item, self.line_of(f"{key}.{name}")))
+        return found
 
-    for key, value in data.items():
-        if key not in EDF_KEYS:
-            close = difflib.get_close_matches(key, EDF_KEYS, n=1)
+    def mounts(self) -> list[tuple[str, str, int]]:
+        """(source, destination, line) of every mount; a bare path mounts at the same path."""
+        found = []
+        for key, mount, line in self.strings():
+            if key == "mounts":
+                parts = split_mount(mount)
+                found.append((parts[0], parts[1] if len(parts) > 1 else parts[0], line))
+        return found
+
+
+HOME = "/users/${USER}"  # $HOME on Alps (alps-facts, storage table)
+# Mounted over the image's own directory, these hide the image's system (a bare source mounts
+# at the same path in the container).
+SYSTEM_DIRS = {"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/proc", "/sys"}
+SYSTEM_DIRS |= {"/dev", "/var"}
+
+
+def normalised_path(path: str) -> str:
+    """The path with ${HOME}/$HOME/~ spelled /users/${USER} and '//', '/.', '..' resolved."""
+    path = re.sub(r"^~(?=/|$)", HOME, path)
+    path = re.sub(r"\$\{HOME\}|\$HOME(?![A-Za-z0-9_])", HOME, path)
+    path = re.sub(r"^/+", "/", path)
+    return posixpath.normpath(path) if path else path
+
+
+def is_whole_home(path: str) -> bool:
+    """/users, or one user's whole home directory, however it is spelled."""
+    return re.fullmatch(r"/users(/[^/]+)?", normalised_path(path)) is not None
+
+
+@rule(
+    "EDF-TOML",
+    "The Container Engine cannot read the EDF: every `srun --environment` using it fails.",
+    "edf-text",
+    file_level=True,
+)
+def edf_toml(edf: Edf) -> Iterator[Report]:
+    if edf.error:
+        yield Report(1, f"not valid TOML: {edf.error}")
+
+
+@rule(
+    "EDF-KEY",
+    "The EDF knows only `base_environment`, `image`, `workdir`, `entrypoint`, `writable`, "
+    "`mounts`, `env`, `annotations` (and `devices`); anything else is a typo or belongs under "
+    "`[env]` or `[annotations]`.",
+    "edf",
+)
+def edf_key(edf: Edf) -> Iterator[Report]:
+    for key in edf.data:
+        if key not in EDF_TYPES:
+            close = difflib.get_close_matches(key, EDF_TYPES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            report(line_of(key), "EDF-KEY", f"unknown top-level key '{key}'{hint}")
+            yield Report(edf.line_of(key), f"unknown top-level key '{key}'{hint}")
+
+
+@rule(
+    "EDF-TYPE",
+    "EDF values are typed: `entrypoint`/`writable` are booleans, `mounts` an array of strings, "
+    '`[env]` and `[annotations]` values strings (write `"true"`, not `true`).',
+    "edf",
+)
+def edf_type(edf: Edf) -> Iterator[Report]:
+    for key, value in edf.data.items():
+        if key not in EDF_TYPES:
             continue
         kinds, wanted = EDF_TYPES[key]
         if not isinstance(value, kinds) or (
             isinstance(value, list) and not all(isinstance(v, str) for v in value)
         ):
-            report(line_of(key), "EDF-TYPE", f"'{key}' must be {wanted}, not {type_name(value)}")
+            yield Report(edf.line_of(key), f"'{key}' must be {wanted}, not {type_name(value)}")
     for table in ("env", "annotations"):
-        if not isinstance(data.get(table), dict):
-            continue
-        for name, value in flatten(data[table]).items():
-            if not isinstance(value, str):
-                report(
-                    line_of(f"{table}.{name}"),
-                    "EDF-TYPE",
-                    f"[{table}] {name} must be a string, not {type_name(value)}",
-                )
+        if isinstance(edf.data.get(table), dict):
+            for name, value in flatten(edf.data[table]).items():
+                if not isinstance(value, str):
+                    yield Report(
+                        edf.line_of(f"{table}.{name}"),
+                        f"[{table}] {name} must be a string, not {type_name(value)}",
+                    )
 
-    # every string value, with the line it is written on
-    strings: list[tuple[str, str, int]] = []  # (key, value, line)
-    for key, value in data.items():
-        if isinstance(value, str):
-            strings.append((key, value, line_of(key)))
-        elif isinstance(value, list):
-            strings += [(key, v, line_of(key, v)) for v in value if isinstance(v, str)]
-        elif isinstance(value, dict):
-            for name, item in flatten(value).items():
-                if isinstance(item, str):
-                    strings.append((f"{key}.{name}", item, line_of(f"{key}.{name}")))
-    for key, value, line in strings:
+
+@rule(
+    "EDF-VAR",
+    "The Container Engine expands variables written `${VAR}`; write the braces (`${VAR:-}` for "
+    "an optional one, `$${VAR}` for a literal `${VAR}`).",
+    "edf",
+)
+def edf_var(edf: Edf) -> Iterator[Report]:
+    for key, value, line in edf.strings():
         for name in dict.fromkeys(unbraced_vars(value)):
             braced = "${" + name + "}"
-            report(line, "EDF-VAR", f"'${name}' in {key} without braces: write '{braced}'")
+            yield Report(line, f"'${name}' in {key} without braces: write '{braced}'")
 
-    image = data.get("image") if isinstance(data.get("image"), str) else ""
-    paths: list[tuple[str, str, int]] = []  # (what, path, line)
-    if image and is_local_image(image):
-        paths.append(("image", image, line_of("image")))
-    if isinstance(data.get("workdir"), str):
-        paths.append(("workdir", data["workdir"], line_of("workdir")))
-    for key, mount, line in strings:
-        if key != "mounts":
-            continue
-        source = split_mount(mount)[0]
-        normal = source.rstrip("/") or "/"
-        if WHOLE_HOME_RE.match(normal):
-            report(line, "EDF-HOME", f"mounts the whole home directory ('{source}')")
-        paths.append(("mount source", source, line))
+
+@rule(
+    "EDF-HOME",
+    "Mounting all of `$HOME` or `/users` leaks shell init files and stale caches (`~/.triton`, "
+    "`~/.cache`) into the container, exposes personal data and hides the SSH hook's `~/.ssh`: "
+    "mount only the subdirectories you need. Checked after normalising the path (`${HOME}`, "
+    "`$HOME`, `~`, `//`, `/.`, `..`).",
+    "edf",
+)
+def edf_home(edf: Edf) -> Iterator[Report]:
+    for source, _, line in edf.mounts():
+        if is_whole_home(source):
+            yield Report(line, f"mounts the whole home directory ('{source}')")
+
+
+@rule(
+    "EDF-ROOT",
+    "A mount of the host's `/` exposes every file system, `/users` included; a mount onto `/`, "
+    "`/usr`, `/etc`, `/opt`, `/lib`, ... hides the image's own files (a bare path is mounted at "
+    "the same path in the container). Mount the directories you need.",
+    "edf",
+)
+def edf_root(edf: Edf) -> Iterator[Report]:
+    for source, destination, line in edf.mounts():
+        if source.startswith(("/", "$", "~")) and normalised_path(source) == "/":
+            yield Report(line, f"mounts the host's whole file system ('{source}')")
+        elif normalised_path(destination) in SYSTEM_DIRS:
+            yield Report(line, f"mounts over the image's {normalised_path(destination)}")
+
+
+@rule(
+    "EDF-RELPATH",
+    "Relative EDF paths (image, workdir, mount sources) are resolved against the directory "
+    "`srun` runs in and must be written `./path`; use `./path`, an absolute path or "
+    "`${VAR}/path`.",
+    "edf",
+)
+def edf_relpath(edf: Edf) -> Iterator[Report]:
+    paths = []  # (what, path, line)
+    if edf.image and is_local_image(edf.image):
+        paths.append(("image", edf.image, edf.line_of("image")))
+    if isinstance(edf.data.get("workdir"), str):
+        paths.append(("workdir", edf.data["workdir"], edf.line_of("workdir")))
+    paths += [("mount source", source, line) for source, _, line in edf.mounts()]
     for what, value, line in paths:
         if value and is_relative(value):
-            report(line, "EDF-RELPATH", f"relative {what} '{value}' must start with './'")
+            yield Report(line, f"relative {what} '{value}' must start with './'")
 
-    base, how, conflict = detect_base(text, image, path, root)
-    marker = BASE_MARKER_RE.search(text)
-    if conflict and marker:
-        report(text.count("\n", 0, marker.start(1)) + 1, "EDF-BASE", conflict)
-    annotations = data.get("annotations") if isinstance(data.get("annotations"), dict) else {}
-    annotations = flatten(annotations)
-    ofi = str(annotations.get(OFI, "")).lower() == "true"
-    image_line = line_of("image") if "image" in data else 1
 
-    def wrong(key: str, table: dict, good: object) -> bool:
-        """key set to another value than good, or missing (unless a base_environment may set it)."""
-        if key in table:
-            return str(table[key]).lower() != str(good).lower()
-        return "base_environment" not in data
+@rule(
+    "EDF-BASE",
+    "The `# base:` marker tells the linter which base image a local `.sqsh` was built from; it "
+    "must agree with the image reference or the Dockerfile's `FROM`.",
+    "edf",
+)
+def edf_base(edf: Edf) -> Iterator[Report]:
+    marker = BASE_MARKER_RE.search(edf.text)
+    if edf.base_conflict and marker:
+        yield Report(edf.text.count("\n", 0, marker.start(1)) + 1, edf.base_conflict)
 
-    if base == "alps-extended":
-        if ofi:
-            report(
-                line_of(f"annotations.{OFI}"),
-                "EDF-EXT-OFI",
-                f"{OFI} with an Alps Extended Image ({how}): remove it",
-            )
-        if wrong(CXI, annotations, "false"):
-            line = line_of(f"annotations.{CXI}") if CXI in annotations else image_line
-            report(
-                line,
-                "EDF-EXT-CXI",
-                f'an Alps Extended Image ({how}) needs {CXI} = "false"',
-            )
-        if wrong("entrypoint", data, True):
-            line = line_of("entrypoint") if "entrypoint" in data else image_line
-            report(
-                line,
-                "EDF-EXT-ENTRYPOINT",
-                f"an Alps Extended Image ({how}) needs entrypoint = true",
-            )
-    elif wrong(OFI, annotations, "true"):
-        line = line_of(f"annotations.{OFI}") if OFI in annotations else image_line
-        report(
-            line,
-            "EDF-OFI",
-            f'{OFI} = "true" is missing for {BASE_NAMES[base]} ({how})',
-        )
-    return findings
+
+@dataclass(frozen=True)
+class BaseRequirement:
+    """A setting an EDF needs for its base image: `key` (top level, or a flattened annotation)
+    must be `wanted` (ABSENT: must not be "true"); a missing key counts as wrong unless a
+    base_environment may set it."""
+
+    rule_id: str
+    extended: bool  # True: for Alps Extended Images; False: for every other base image
+    key: str
+    wanted: object
+    message: str  # formatted with key, base (its name) and how (the evidence for the base)
+    why: str
+
+
+ABSENT = object()
+OFI = "com.hooks.aws_ofi_nccl.enabled"
+CXI = "com.hooks.cxi.enabled"
+
+# The Alps Extended Image requirements, and the one NGC/other images have (CE docs, alps-facts).
+BASE_REQUIREMENTS = [
+    BaseRequirement(
+        "EDF-EXT-OFI",
+        True,
+        f"annotations.{OFI}",
+        ABSENT,
+        "{key} with {base} ({how}): remove it",
+        "Alps Extended Images carry their own libfabric and NCCL plugin; the `aws_ofi_nccl` "
+        "hook must not inject a second one.",
+    ),
+    BaseRequirement(
+        "EDF-EXT-CXI",
+        True,
+        f"annotations.{CXI}",
+        "false",
+        '{base} ({how}) needs {key} = "false"',
+        "The CXI hook replaces the image's libfabric with the host's; Alps Extended Images "
+        'need `com.hooks.cxi.enabled = "false"`.',
+    ),
+    BaseRequirement(
+        "EDF-EXT-ENTRYPOINT",
+        True,
+        "entrypoint",
+        True,
+        "{base} ({how}) needs {key} = true",
+        "The entrypoint of an Alps Extended Image sets up its network stack "
+        "(`/opt/nvidia/entrypoint.d`): the EDF needs `entrypoint = true`.",
+    ),
+    BaseRequirement(
+        "EDF-OFI",
+        False,
+        f"annotations.{OFI}",
+        "true",
+        '{key} = "true" is missing for {base} ({how})',
+        "Without the `aws_ofi_nccl` hook an NGC (or other) image has no Slingshot plugin and "
+        "NCCL falls back to TCP sockets; CSCS: keep it always on, even on one node.",
+    ),
+]
+
+
+def check_base_requirement(requirement: BaseRequirement, edf: Edf) -> Iterator[Report]:
+    if (edf.base == "alps-extended") != requirement.extended:
+        return
+    values = edf.annotations if requirement.key.startswith("annotations.") else edf.data
+    key = requirement.key.removeprefix("annotations.")
+    present = key in values
+    if requirement.wanted is ABSENT:
+        wrong = present and str(values[key]).lower() == "true"
+    elif present:
+        wrong = str(values[key]).lower() != str(requirement.wanted).lower()
+    else:
+        wrong = "base_environment" not in edf.data
+    if wrong:
+        line = edf.line_of(requirement.key) if present else edf.image_line
+        name = BASE_NAMES[edf.base]
+        yield Report(line, requirement.message.format(key=key, base=name, how=edf.how))
+
+
+for _requirement in BASE_REQUIREMENTS:
+    rule(_requirement.rule_id, _requirement.why, "edf")(
+        functools.partial(check_base_requirement, _requirement)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -728,111 +789,215 @@ def git_tracks_something(root: Path, directory: str) -> bool | None:
     return bool(result.stdout.strip()) if result.returncode == 0 else None
 
 
-def check_logdir(display: str, directive: Directive, root: Path) -> Finding | None:
-    directory = posixpath.dirname(directive.value)
-    option = directive.name
-
-    def finding(message: str) -> Finding:
-        return Finding(display, directive.line, "SB-LOGDIR", message)
-
+def logdir_problem(value: str, root: Path) -> str | None:
+    """What is wrong with the directory of an --output/--error file name, or None."""
+    directory = posixpath.dirname(value)
     if not directory or directory.startswith("/"):
         return None
     if "$" in directory:
-        return finding(f"{option} directory '{directory}': #SBATCH lines expand no variables")
+        return f"'{directory}': #SBATCH lines expand no variables"
     if "%" in directory:
-        return finding(f"{option} directory '{directory}' has a %-pattern: Slurm cannot create it")
+        return f"'{directory}' has a %-pattern: Slurm cannot create it"
     if not (root / directory).is_dir():
-        return finding(f"{option} directory '{directory}/' does not exist in the repository")
+        return f"'{directory}/' does not exist in the repository"
     if git_tracks_something(root, directory) is False:
-        return finding(f"{option} directory '{directory}/' has no file in git: add .gitkeep")
+        return f"'{directory}/' has no file in git: add .gitkeep"
     return None
 
 
-def check_script(display: str, text: str, root: Path, job: bool) -> list[Finding]:
-    lines = text.splitlines()
-    commands = shell_commands(text)
-    findings: list[Finding] = []
+class Script:
+    """A shell script as the rules read it: its commands and, for a job script, its #SBATCH
+    header, its srun steps and what it assigns."""
 
-    def report(line: int, rule: str, message: str, end: int = 0) -> None:
-        findings.append(Finding(display, line, rule, message, end))
+    def __init__(self, display: str, text: str, root: Path, job: bool):
+        self.display, self.text, self.root, self.job = display, text, root, job
+        self.lines = text.splitlines()
+        self.commands = shell_commands(text)
+        self.directives = sbatch_directives(self.lines)
+        self.assigned = assignments(self.commands)
+        variables = variable_texts(self.commands)
+        self.sruns: list[tuple[Command, bool]] = []  # (command, runs with --environment)
+        for command in self.commands:
+            match = SRUN_RE.search(command.code)
+            if match:
+                args = command.code[match.end() :]
+                for name in ARRAY_REF_RE.findall(args):  # srun "${srun_args[@]}" ...
+                    args += variables.get(name, "")
+                self.sruns.append((command, "--environment" in args))
+        self.container_job = any(has_env for _, has_env in self.sruns)
+        self.uenv_lines = [d.line for d in self.directives if d.name == "--uenv"]
+        self.uenv_lines += [c.start for c, _ in self.sruns if re.search(r"--uenv[=\s]", c.code)]
 
-    for command in commands:
-        if STRIPE_RE.search(command.code) and ALL_OSTS_RE.search(command.code):
-            report(
-                command.start,
-                "LUSTRE-STRIPE",
-                "'-c -1' stripes over all OSTs: use 'lfs setstripe -E 4M -c 1 -E 64M -c 4 "
-                "-E -1 -c 32 -S 4M'",
-                command.end,
-            )
-    if not job:
-        return findings
+    def first_command_line(self) -> int | None:
+        """The line where sbatch stops reading #SBATCH options: the first non-comment line."""
+        for number, text in enumerate(self.lines, 1):
+            stripped = text.strip()
+            if stripped and not stripped.startswith("#"):
+                return number
+        return None
 
-    directives = sbatch_directives(lines)
-    for d in directives:
+
+@rule(
+    "SB-ENV-DIRECTIVE",
+    "`#SBATCH --environment` is experimental: the whole batch script runs in the container "
+    "without Slurm, hooks or filesystems, `srun --environment` then enters a container twice, "
+    "and Alps Extended Images fail to load `switch/hpe_slingshot`.",
+    "job",
+)
+def sb_env_directive(script: Script) -> Iterator[Report]:
+    for d in script.directives:
         if d.name == "--environment":
-            report(d.line, "SB-ENV-DIRECTIVE", "#SBATCH --environment: put it on each srun instead")
-        elif d.name in ("--output", "--error"):
-            problem = check_logdir(display, d, root)
-            if problem:
-                findings.append(problem)
-    if not any(d.name == "--account" for d in directives):
-        report(1, "SB-ACCOUNT", "no #SBATCH --account: the job is charged to your default project")
+            yield Report(d.line, "#SBATCH --environment: put it on each srun instead")
 
-    variables = variable_texts(commands)
-    sruns: list[tuple[Command, bool]] = []
-    for command in commands:
-        match = SRUN_RE.search(command.code)
-        if not match:
-            continue
-        args = command.code[match.end() :]
-        for name in ARRAY_REF_RE.findall(args):  # srun "${srun_args[@]}" ...
-            args += variables.get(name, "")
-        sruns.append((command, "--environment" in args))
-    container_job = any(has_env for _, has_env in sruns)
-    uenv_lines = [d.line for d in directives if d.name == "--uenv"]
-    uenv_lines += [c.start for c, _ in sruns if re.search(r"--uenv[=\s]", c.code)]
-    assigned = assignments(commands)
 
-    if container_job:
-        for command, has_env in sruns:
+@rule(
+    "SB-LATE-DIRECTIVE",
+    "`sbatch` reads `#SBATCH` options only up to the first command: a line of code above the "
+    "header (or an option added below it) silently drops every option after it, e.g. turning "
+    "the job into a one-node default job without `--uenv` or `--account`.",
+    "job",
+)
+def sb_late_directive(script: Script) -> Iterator[Report]:
+    first = script.first_command_line()
+    for number, text in enumerate(script.lines, 1):
+        if first is not None and number > first and text.startswith("#SBATCH"):
+            yield Report(
+                number, f"#SBATCH after the first command (line {first}): sbatch ignores it"
+            )
+
+
+@rule(
+    "SB-SRUN-ENV",
+    "In a container job (any `srun --environment`, also through an array such as "
+    '`srun "${srun_args[@]}"`) only steps started with `--environment` run in the container; a '
+    "step without it runs on the bare host (no image, no hooks).",
+    "job",
+)
+def sb_srun_env(script: Script) -> Iterator[Report]:
+    if script.container_job:
+        for command, has_env in script.sruns:
             if not has_env:
-                report(
+                yield Report(
                     command.start,
-                    "SB-SRUN-ENV",
                     "srun without --environment in a container job: this step runs on the host",
                     command.end,
                 )
-        per_line: dict[int, list[str]] = {}
-        for name, line in assigned:
-            if name in UENV_SNIPPET or name.startswith("FI_CXI_"):
-                per_line.setdefault(line, []).append(name)
-        for line, names in sorted(per_line.items()):
-            report(
-                line,
-                "SB-CE-NCCL",
-                f"container job sets {', '.join(names)}: the CE hook sets these, drop the export",
-            )
-        for command in commands:
-            for match in TRITON_SHM_RE.finditer(command.code):
-                report(
-                    command.line_at(match.start()),
-                    "SB-CE-TRITON",
-                    "TRITON_HOME on /dev/shm in a container job: use a path in the container",
-                )
-    if uenv_lines:
-        names = {name for name, _ in assigned} | sourced_assignments(commands, root)
+
+
+@rule(
+    "SB-UENV-NCCL",
+    "A uenv job (`--uenv`) must set the NCCL/libfabric variables of CSCS's NCCL page itself ("
+    + ", ".join(f"`{name}`" for name in UENV_SNIPPET)
+    + "), in the script or in a repository file it sources; without them NCCL may use TCP or "
+    "hang on Slingshot.",
+    "job",
+)
+def sb_uenv_nccl(script: Script) -> Iterator[Report]:
+    if script.uenv_lines:
+        names = {name for name, _ in script.assigned}
+        names |= sourced_assignments(script.commands, script.root)
         missing = [name for name in UENV_SNIPPET if name not in names]
         if missing:
-            report(
-                min(uenv_lines),
-                "SB-UENV-NCCL",
+            yield Report(
+                min(script.uenv_lines),
                 f"uenv job without the CSCS NCCL/libfabric variables: {', '.join(missing)}",
             )
-        for name, line in assigned:
+
+
+@rule(
+    "SB-UENV-PLUGIN",
+    "With a uenv, `NCCL_NET_PLUGIN` takes precedence over `NCCL_NET` and NCCL cannot find the "
+    "plugin under that name: `NCCL WARN Error: network AWS Libfabric not found`.",
+    "job",
+)
+def sb_uenv_plugin(script: Script) -> Iterator[Report]:
+    if script.uenv_lines:
+        for name, line in script.assigned:
             if name == "NCCL_NET_PLUGIN":
-                report(line, "SB-UENV-PLUGIN", "NCCL_NET_PLUGIN in a uenv job: remove it")
-    return findings
+                yield Report(line, "NCCL_NET_PLUGIN in a uenv job: remove it")
+
+
+@rule(
+    "SB-CE-NCCL",
+    "In a container the `aws_ofi_nccl` hook (or an Alps Extended Image's entrypoint) sets the "
+    "NCCL/libfabric variables per CE release; exporting the uenv snippet (`NCCL_NET`, "
+    "`FI_CXI_*`, ...) overrides them with other values (e.g. `NCCL_CROSS_NIC=1` where the hook "
+    "sets 0).",
+    "job",
+)
+def sb_ce_nccl(script: Script) -> Iterator[Report]:
+    if not script.container_job:
+        return
+    per_line: dict[int, list[str]] = {}
+    for name, line in script.assigned:
+        if name in UENV_SNIPPET or name.startswith("FI_CXI_"):
+            per_line.setdefault(line, []).append(name)
+    for line, names in sorted(per_line.items()):
+        yield Report(
+            line,
+            f"container job sets {', '.join(names)}: the CE hook sets these, drop the export",
+        )
+
+
+@rule(
+    "SB-CE-TRITON",
+    "`TRITON_HOME=/dev/shm` is recommended for uenv jobs only; inside a CE container "
+    "`/dev/shm`'s mount settings can make Triton fail. Use a path inside the container.",
+    "job",
+)
+def sb_ce_triton(script: Script) -> Iterator[Report]:
+    if script.container_job:
+        for command in script.commands:
+            for match in TRITON_SHM_RE.finditer(command.code):
+                yield Report(
+                    command.line_at(match.start()),
+                    "TRITON_HOME on /dev/shm in a container job: use a path in the container",
+                )
+
+
+@rule(
+    "SB-LOGDIR",
+    "Slurm neither creates the directory of `--output`/`--error` nor expands variables in "
+    "`#SBATCH` lines; a missing directory makes the job fail without any log. Relative "
+    "directories must exist in the repository and hold a file tracked by git "
+    "(`logs/.gitkeep`) so that every clone has them; absolute ones are not checked.",
+    "job",
+)
+def sb_logdir(script: Script) -> Iterator[Report]:
+    for d in script.directives:
+        if d.name in ("--output", "--error"):
+            problem = logdir_problem(d.value, script.root)
+            if problem:
+                yield Report(d.line, f"{d.name} directory {problem}")
+
+
+@rule(
+    "SB-ACCOUNT",
+    "Without `--account` the job is charged to your default project (or rejected when you have "
+    "none); most Alps users belong to several. Silence it for the file if intended.",
+    "job",
+    file_level=True,
+)
+def sb_account(script: Script) -> Iterator[Report]:
+    if not any(d.name == "--account" for d in script.directives):
+        yield Report(1, "no #SBATCH --account: the job is charged to your default project")
+
+
+@rule(
+    "LUSTRE-STRIPE",
+    "`lfs setstripe ... -c -1` stripes over every OST (~160 on Capstor), the stale layout of "
+    f"older guides; CSCS now recommends `lfs setstripe {LUSTRE_LAYOUT}` (uenv caps striping at "
+    "32 too). Checked in job scripts and `*.sh`.",
+    "shell",
+)
+def lustre_stripe(script: Script) -> Iterator[Report]:
+    for command in script.commands:
+        if STRIPE_RE.search(command.code) and ALL_OSTS_RE.search(command.code):
+            yield Report(
+                command.start,
+                f"'-c -1' stripes over all OSTs: use 'lfs setstripe {LUSTRE_LAYOUT}'",
+                command.end,
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,6 +1020,15 @@ def repo_files(root: Path) -> list[Path]:
     return found
 
 
+def run_rules(subjects: list[str], target: Edf | Script) -> list[Finding]:
+    return [
+        Finding(target.display, report.line, r.id, report.message, report.end)
+        for r in RULES.values()
+        if r.subject in subjects
+        for report in r.check(target)
+    ]
+
+
 def lint_file(display: str, path: Path, root: Path) -> list[Finding]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -862,10 +1036,18 @@ def lint_file(display: str, path: Path, root: Path) -> list[Finding]:
         print(f"alps_lint: cannot read {display}: {err}", file=sys.stderr)
         raise SystemExit(2) from err
     if path.suffix == ".toml":
-        findings = check_edf(display, path, text, root) if is_edf(path, text) else []
+        if not is_edf(path, text):
+            return []
+        if tomllib is None:
+            print("alps_lint: Python < 3.11 needs the tomli package to read EDFs", file=sys.stderr)
+            raise SystemExit(2)
+        edf = Edf(display, path, text, root)
+        findings = run_rules(["edf-text"] if edf.error else ["edf-text", "edf"], edf)
     else:
         job = path.suffix == ".sbatch" or bool(SBATCH_LINE_RE.search(text))
-        findings = check_script(display, text, root, job)
+        findings = run_rules(
+            ["shell", "job"] if job else ["shell"], Script(display, text, root, job)
+        )
     return sorted(unsilenced(findings, text.splitlines()), key=lambda f: f.line)
 
 
@@ -874,10 +1056,18 @@ def explain(ids: list[str]) -> int:
     if unknown:
         print(f"unknown rule id(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for rule in (RULES[i] for i in ids) if ids else RULES.values():
-        scope = " (file-level)" if rule.file_level else ""
-        print(f"{rule.id}{scope}: {rule.why}")
+    for r in (RULES[i] for i in ids) if ids else RULES.values():
+        scope = " (file-level)" if r.file_level else ""
+        print(f"{r.id}{scope}: {r.why}")
     return 0
+
+
+def rule_table() -> str:
+    """The rules as the Markdown table of docs/pre-commit.md (a test compares the two)."""
+    rows = ["| id | scope | why |", "|---|---|---|"]
+    for r in RULES.values():
+        rows.append(f"| `{r.id}` | {'file' if r.file_level else 'line'} | {r.why} |")
+    return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -896,9 +1086,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--explain", nargs="*", metavar="ID", help="print why the rules (default: all) exist"
     )
+    parser.add_argument("--list-rules", action="store_true", help="print the rule ids")
+    parser.add_argument(
+        "--markdown", action="store_true", help="with --list-rules: the table of docs/pre-commit.md"
+    )
     args = parser.parse_args(argv)
     if args.explain is not None:
         return explain(args.explain)
+    if args.list_rules:
+        print(
+            rule_table() if args.markdown else "\n".join(RULES), end="" if args.markdown else "\n"
+        )
+        return 0
 
     if args.files:
         targets = [(str(f), f) for f in args.files]
