@@ -91,8 +91,8 @@ def rule(rule_id: str, why: str, subject: str, file_level: bool = False):
     return register
 
 
-# CSCS's progressive layout (storage guide, 2025-11); one source: _lustre_layout in the
-# template's cookiecutter.json, also used by scripts/stripe_lustre.sh.
+# CSCS's progressive layout (storage guide, 2025-11); one source: the template's private
+# answer _lustre_layout, also used by scripts/stripe_lustre.sh.
 LUSTRE_LAYOUT = "{{ cookiecutter._lustre_layout }}"
 
 
