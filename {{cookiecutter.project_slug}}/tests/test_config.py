@@ -1,4 +1,7 @@
-"""Config file + overrides; errors name the key and the accepted values."""
+"""Config file + overrides; errors name the key and the accepted values; the docs table."""
+
+import re
+from dataclasses import fields
 
 import pytest
 from conftest import REPO
@@ -99,3 +102,30 @@ def test_cli_exit_status_2_and_message_for_config_errors(capsys):
     err = capsys.readouterr().err
     assert "config error" in err and "'hiden_dim'" in err
     assert "hidden_dim" in err  # the accepted keys are listed
+
+
+# ------------------------------------------------------------- the docs' table of config keys
+DOCS = REPO / "docs" / "training.md"
+BEGIN, END = "<!-- config keys: python tests/test_config.py rewrites this table -->", "<!-- end -->"
+
+
+def config_table() -> str:
+    """One row per Config field, from its default and its trailing comment in config.py."""
+    source = (REPO / "src" / "{{ cookiecutter.package_name }}" / "config.py").read_text()
+    comments = dict(re.findall(r"^    (\w+): \w+ = .+?  # (.+)$", source, re.MULTILINE))
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for field in fields(Config):
+        default = to_toml({field.name: field.default}).split(" = ", 1)[1].strip()
+        rows.append(f"| `{field.name}` | `{default}` | {comments[field.name]} |")
+    return "\n".join(rows)
+
+
+def test_docs_config_table_is_generated_from_the_dataclass():
+    text = DOCS.read_text()
+    table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert table == config_table(), "docs/training.md is stale: run python tests/test_config.py"
+
+
+if __name__ == "__main__":  # rewrite the table in docs/training.md
+    head, rest = DOCS.read_text().split(BEGIN, 1)
+    DOCS.write_text(f"{head}{BEGIN}\n{config_table()}\n{END}{rest.split(END, 1)[1]}")

@@ -30,69 +30,71 @@ class ConfigError(ValueError):
 
 @dataclass
 class Config:
+    # Every field is a config key; its trailing comment is its documentation (docs/training.md's
+    # table is generated from these lines and checked by tests/test_config.py).
     # run
-    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, config.toml, LOCK, REQUEUE
-    seed: int = 1234
-    max_steps: int = 300  # optimizer steps
+    run_dir: str = "runs/default"  # run directory: checkpoints/, metrics.jsonl, config.toml, LOCK
+    seed: int = 1234  # seeds the data, the initial weights (all ranks) and per-rank RNGs
+    max_steps: int = 300  # optimizer steps of the whole run
     device: str = "auto"  # auto (CUDA when a GPU is visible, else CPU), cpu, cuda
-    # model: "gpt" (a GPT-2 style language model) or "mlp" (the minimal classifier example)
-    model: str = "gpt"
-    preset: str = "gpt2-124m"  # gpt: tiny, gpt2-124m, gpt2-350m, gpt2-1.3b
-    n_layer: int = 0  # gpt: 0 keeps the preset's value
-    n_head: int = 0
-    n_embd: int = 0
-    block_size: int = 0  # gpt: context length in tokens
-    vocab_size: int = 0  # gpt: 0 = the dataset's (synthetic: 50257, GPT-2's)
-    hidden_dim: int = 256  # mlp only
-    dropout: float = 0.0
+    # model
+    model: str = "gpt"  # gpt (a GPT-2 style language model) or mlp (the minimal classifier)
+    preset: str = "gpt2-124m"  # gpt size: tiny, gpt2-124m, gpt2-350m, gpt2-1.3b
+    n_layer: int = 0  # gpt: transformer blocks (0: the preset's)
+    n_head: int = 0  # gpt: attention heads (0: the preset's)
+    n_embd: int = 0  # gpt: width (0: the preset's)
+    block_size: int = 0  # gpt: context length in tokens (0: the preset's)
+    vocab_size: int = 0  # gpt: vocabulary (0: the dataset's; synthetic: 50257), padded to 64
+    hidden_dim: int = 256  # mlp: hidden width
+    dropout: float = 0.0  # dropout probability in [0, 1)
     # data
-    dataset: str = "synthetic"  # "synthetic" or a directory written by `make-dataset`
-    synthetic_samples: int = 16384  # mlp: samples; gpt: synthetic tokens are 2**20
-    eval_samples: int = 2048  # mlp: held out from the end of the dataset
-    num_features: int = 64  # mlp synthetic data only (a dataset directory says its own)
-    num_classes: int = 10  # mlp synthetic data only
+    dataset: str = "synthetic"  # "synthetic" or a directory written by make-dataset
+    synthetic_samples: int = 16384  # mlp synthetic data: samples
+    eval_samples: int = 2048  # mlp: samples held out from the end for evaluation
+    num_features: int = 64  # mlp synthetic data: input features (a directory says its own)
+    num_classes: int = 10  # mlp synthetic data: classes (a directory says its own)
     batch_size: int = 16  # per rank and micro-step (gpt: sequences of block_size tokens)
-    grad_accum_steps: int = 1
-    num_workers: int = -1  # loader processes; -1: from SLURM_CPUS_PER_TASK (0 without it)
-    data_on_gpu: str = "auto"  # keep an in-memory dataset on the GPU when it fits: auto, true, false
-    # optimizer and schedule (AdamW; linear warmup, cosine decay to min_lr at max_steps)
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
+    grad_accum_steps: int = 1  # micro-steps per optimizer step (gradients synced on the last)
+    num_workers: int = -1  # loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)
+    data_on_gpu: str = "auto"  # in-memory data on the GPU: auto (under 10% of it), true, false
+    # optimizer and schedule
+    lr: float = 6e-4  # AdamW peak learning rate (after linear warmup)
+    min_lr: float = 6e-5  # end of the cosine decay, reached at max_steps
+    warmup_steps: int = 30  # linear warmup steps
+    weight_decay: float = 0.1  # on matrices only (not biases, norms)
+    beta2: float = 0.95  # AdamW's second-moment decay (beta1 is 0.9)
+    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
     # speed and parallelism
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32
-    compile: bool = False
-    tf32: bool = True
-    parallelism: str = "ddp"  # ddp (replicas) or fsdp (FSDP2: parameters sharded over ranks)
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU), bf16, fp16 (grad scaler), fp32
+    compile: bool = False  # torch.compile each block (see the benchmark figures)
+    tf32: bool = True  # TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))
+    parallelism: str = "ddp"  # ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)
     activation_checkpointing: bool = False  # recompute each block in backward: less memory
     cpu_offload: bool = False  # fsdp: parameters and optimizer state in CPU memory
     # logging and evaluation
-    log_every: int = 25
-    eval_every: int = 100  # 0 disables periodic evaluation
-    eval_batches: int = 20  # per rank and evaluation
-    peak_tflops: float = 989.0  # per GPU, for MFU (H100/GH200 dense bf16)
-    tracker: str = "none"  # none, tensorboard, wandb (metrics.jsonl is always written)
-    wandb_project: str = ""  # "" = the package name
-    wandb_mode: str = "offline"  # compute nodes have no internet: `wandb sync` from a login node
+    log_every: int = 25  # steps between metric records
+    eval_every: int = 100  # steps between evaluations; 0 disables them
+    eval_batches: int = 20  # held-out batches per rank and evaluation
+    peak_tflops: float = 989.0  # per-GPU peak for MFU (H100/GH200 dense bf16)
+    tracker: str = "none"  # also log to: none, tensorboard, wandb (metrics.jsonl always)
+    wandb_project: str = ""  # W&B project ("": the package name)
+    wandb_mode: str = "offline"  # offline (compute nodes have no internet), online, disabled
     # checkpoints
-    checkpoint_every: str = "100"  # steps ("100"), minutes ("30min"), "auto", or "0" (end only)
-    keep_checkpoints: int = 3
-    async_checkpoint: str = "auto"  # auto (async on GPU), true, false
-    mtbf_hours: float = 24.0  # job MTBF for checkpoint_every="auto" (Young/Daly)
-    force_resume: bool = False
+    checkpoint_every: str = "100"  # "N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)
+    keep_checkpoints: int = 3  # complete checkpoints kept (at least 2)
+    async_checkpoint: str = "auto"  # write in the background: auto (on GPU), true, false
+    mtbf_hours: float = 24.0  # mean time between failures of the job, for "auto"
+    force_resume: bool = False  # continue a checkpoint from a different config or dataset
     # preemption and time limit
-    preempt_check_every: int = 10  # steps between the ranks' agreement on stopping
+    preempt_check_every: int = 10  # steps between the ranks' agreement on stopping or saving
     end_time_margin_s: float = 60.0  # safety margin before SLURM_JOB_END_TIME
     # distributed
     dist_timeout_s: float = 300.0  # a collective that hangs this long fails the job
-    cpu_threads: int = 0  # 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores/ranks
+    cpu_threads: int = 0  # threads per rank; 0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores
     # benchmark
-    bench_warmup: int = 10
-    bench_steps: int = 60
-    bench_compare_compile: str = "auto"  # also measure the other `compile` setting (auto: on GPU)
+    bench_warmup: int = 10  # benchmark: warmup steps of each loop
+    bench_steps: int = 60  # benchmark: measured steps of each loop
+    bench_compare_compile: str = "auto"  # benchmark: also measure the other compile setting
 
 
 # Changing any of these changes the model, optimizer, data order or schedule, so a checkpoint

@@ -1,0 +1,47 @@
+"""`python -m <pkg> generate run_dir=DIR --prompt TEXT --tokens N`: sample from the newest
+checkpoint of a GPT run, on CPU or GPU, in one process (a sharded checkpoint is read whole)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from . import gpt, tokens
+from .checkpoint import load_model_state
+from .config import Config, ConfigError
+from .data import DataInfo
+from .model import gpt_config
+
+
+def saved_config(values: dict) -> Config:
+    known = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in values.items() if k in known})
+
+
+def generate(
+    run_dir: Path,
+    prompt: str,
+    n_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 200,
+    device: str = "auto",
+    seed: int = 0,
+) -> str:
+    if n_tokens < 1 or temperature < 0 or (top_k is not None and top_k < 1):
+        raise ConfigError("generate needs --tokens >= 1, --temperature >= 0 and --top-k >= 1")
+    values, state = load_model_state(Path(run_dir))
+    cfg = saved_config(values)
+    if cfg.model != "gpt":
+        raise ConfigError(f"{run_dir} trained model={cfg.model!r}; generate needs a GPT run")
+    vocab = state[gpt.TOKEN_EMBEDDING].shape[0]  # padded vocabulary of the trained model
+    model = gpt.GPT(gpt_config(cfg, DataInfo("tokens", "", vocab_size=vocab)))
+    model.load_state_dict(state)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    target = torch.device("cuda" if use_cuda else "cpu")
+    model.to(target).eval()
+    context = torch.from_numpy(tokens.encode_bytes(prompt).astype("int64"))[None].to(target)
+    generator = torch.Generator(target).manual_seed(seed)
+    out = gpt.sample(model, context, n_tokens, temperature, top_k, generator)
+    return tokens.decode_bytes(out[0].tolist())
