@@ -1,6 +1,10 @@
 """Token datasets: the byte tokenizer, make-dataset's shards and errors, training windows."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,6 +89,25 @@ def test_an_existing_dataset_is_kept_unless_the_new_one_is_identical(tmp_path):
         tokens.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
     (tmp_path / "empty").mkdir()  # an empty directory is fine (e.g. made by a job script)
     assert tokens.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
+
+
+def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
+    # e.g. two jobs that both found no index.json and run make-dataset at once
+    files = text_files(tmp_path / "src", DOCS * 200)  # ~1 MB: the writes overlap in time
+    script = (
+        "import json, sys; from pathlib import Path; "
+        f"from {tokens.__name__} import write_text_dataset as w; "
+        "files = [Path(a) for a in sys.argv[2:]]; "
+        "print(json.dumps(w(files, Path(sys.argv[1]), min_val_tokens=300)))"
+    )
+    args = [sys.executable, "-c", script, str(tmp_path / "ds"), *map(str, files)]
+    env = {**os.environ, "PYTHONPATH": str(Path(tokens.__file__).parents[1])}
+    writers = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    results = [json.loads(w.communicate(timeout=60)[0]) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0]
+    assert results[0] == results[1] == json.loads((tmp_path / "ds" / "index.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "src"]  # no temp directories
+    assert TokenDataset.open(tmp_path / "ds").fingerprint == results[0]["fingerprint"]
 
 
 def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):

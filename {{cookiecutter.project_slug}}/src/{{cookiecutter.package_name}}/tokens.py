@@ -200,7 +200,9 @@ def write_shards(
     one step: a killed or failed run leaves nothing under `out`, and of concurrent writers one
     wins the rename. If `out` already holds a dataset, the new one must be identical (same
     fingerprint): then this is a no-op that returns the existing index; otherwise it is an error
-    and `out` is left as it was. A non-empty `out` that is not a dataset is never touched.
+    and `out` is left as it was. A non-empty `out` that is not a dataset is never touched. Only a
+    run killed with SIGKILL (or a node failure) leaves its `.<out>.tmp-*` directory behind; it is
+    never read and can be deleted.
     """
     out = Path(out)
     if not 0.0 < val_fraction < 1.0:
@@ -218,17 +220,14 @@ def write_shards(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    train, val = ShardWriter(tmp, "train", shard_tokens), ShardWriter(tmp, "val", shard_tokens)
     try:
-        splits = {"train": ShardWriter(tmp, "train", shard_tokens), "val": None}
         written = 0
         for chunk in chunks:
-            while len(chunk):
-                if splits["val"] is None and written == total - n_val:
-                    splits["val"] = ShardWriter(tmp, "val", shard_tokens)
-                writer = splits["val"] or splits["train"]
-                take = len(chunk) if splits["val"] else min(len(chunk), total - n_val - written)
-                writer.write(chunk[:take])
-                chunk, written = chunk[take:], written + take
+            cut = min(max(total - n_val - written, 0), len(chunk))  # the rest goes to val
+            train.write(chunk[:cut])
+            val.write(chunk[cut:])
+            written += len(chunk)
         if written != total:
             raise DatasetError(f"{out}: expected {total} tokens but read {written}; try again")
         index = {
@@ -237,14 +236,17 @@ def write_shards(
             "vocab_size": int(vocab_size),
             "tokenizer": meta["tokenizer"],
             "document_end": meta["document_end"],
-            "train": splits["train"].close(),
-            "val": splits["val"].close(),
+            "train": train.close(),
+            "val": val.close(),
         }
         index["fingerprint"] = fingerprint(tmp, index)
         index["sources"] = meta["sources"]
         write_json(tmp / INDEX_FILE, index)
         return publish(tmp, out, index)
     finally:
+        for writer in (train, val):
+            if writer.handle is not None:  # left open by an error
+                writer.handle.close()
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
 
 
