@@ -1,0 +1,235 @@
+"""A GPT: a decoder-only transformer language model in one file, in the style of nanoGPT.
+
+token + learned position embeddings -> `n_layer` pre-norm blocks (causal self-attention, GELU
+MLP) -> final LayerNorm -> output layer tied to the token embedding. Initialised as GPT-2.
+
+Each `Block` is a self-contained module (`forward(x) -> x`): data-parallel wrappers shard and
+activation-checkpoint the model block by block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# GPT-2 sizes (Radford et al. 2019, table 2; the "350m" and "1.3b" names follow GPT-3, table 2.1).
+# "tiny" trains on a CPU in seconds.
+PRESETS: dict[str, dict] = {
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},
+    "gpt2-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
+    "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "block_size": 1024},
+    "gpt2-1.3b": {"n_layer": 24, "n_head": 32, "n_embd": 2048, "block_size": 1024},
+}
+
+VOCAB_MULTIPLE = 64  # embedding rows padded to a multiple of 64: faster matmuls on tensor cores
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int  # the longest sequence the model reads (number of position embeddings)
+    vocab_size: int  # rows of the embedding: the tokenizer's vocabulary padded, see padded_vocab
+    dropout: float = 0.0
+    bias: bool = False  # biases in the linear layers and LayerNorms (GPT-2 had them)
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GPT {name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPT n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPT dropout must be in [0, 1), got {self.dropout!r}")
+
+
+def padded_vocab(vocab_size: int) -> int:
+    """`vocab_size` rounded up to a multiple of 64 (50257 -> 50304, 256 -> 256)."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def gpt_config(preset: str, vocab_size: int, **overrides) -> GPTConfig:
+    """The preset's sizes with `overrides` (n_layer=..., block_size=...; 0 or None keeps the
+    preset's value) and the vocabulary padded to a multiple of 64."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown GPT preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    allowed = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+    values = dict(PRESETS[preset])
+    for name, value in overrides.items():
+        if name not in allowed:
+            raise ValueError(f"unknown GPT setting {name!r}; accepted: {', '.join(allowed)}")
+        if value not in (0, None):
+            values[name] = value
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"GPT vocab_size must be a positive integer, got {vocab_size!r}")
+    return GPTConfig(**values, vocab_size=padded_vocab(vocab_size))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, heads, T, head size)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # Flash attention on Hopper GPUs; is_causal: position t attends to positions <= t only.
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """One transformer layer, pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """(batch, time) token ids -> (batch, time, vocab_size) next-token logits."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embedding
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # position embedding
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and un-embeds tokens
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 initialisation: weights normal(0, 0.02), the projections that write into the
+        residual stream scaled by 1/sqrt(2 * n_layer) (two per block), biases 0, LayerNorms 1."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.shape[1]
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {T} tokens is longer than the model's block_size "
+                f"{self.config.block_size}"
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross entropy in nats, computed in float32 (also for bf16 logits).
+    reduction="none" returns one loss per token, shaped like `targets`."""
+    loss = F.cross_entropy(
+        logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+    )
+    return loss.view(targets.shape) if reduction == "none" else loss
+
+
+def num_params(model: nn.Module, exclude_position_embeddings: bool = True) -> int:
+    """Number of parameters (the tied embedding counted once), by default without the position
+    embeddings, as in the FLOPs count. Works on wrapped models (DDP, FSDP2, torch.compile)."""
+    total = 0
+    for name, param in model.named_parameters():  # a shared (tied) parameter is listed once
+        if exclude_position_embeddings and name.endswith("wpe.weight"):
+            continue
+        total += param.numel()
+    return total
+
+
+def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 N + 12 L d T.
+
+    From Chowdhery et al. 2022, "PaLM", appendix B (the count used for MFU): 6 N for the matmuls
+    with the N weights (N without the position embeddings, as `num_params` gives it), plus
+    12 L d T for the attention scores and their weighted sum (L layers, d = n_embd = heads x head
+    size, T = sequence length trained, here `block_size`). The causal mask is not discounted.
+    """
+    return 6.0 * n_params + 12.0 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+
+@torch.no_grad()
+def sample(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """Append `max_new_tokens` sampled tokens to `idx` (batch, time); returns (batch, time + new).
+
+    The context is cropped to the model's block_size. temperature 0 picks the most likely token
+    (greedy); top_k keeps only the k most likely tokens. `vocab_size` (the tokenizer's, before
+    padding) keeps the padding rows of the embedding from ever being sampled.
+    """
+    block_size = model.config.block_size
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(idx[:, -block_size:])[:, -1, :].float()
+            if vocab_size is not None:
+                logits = logits[:, :vocab_size]
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = F.softmax(logits, dim=-1)
+                next_token = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat([idx, next_token], dim=1)
+    finally:
+        model.train(was_training)
+    return idx

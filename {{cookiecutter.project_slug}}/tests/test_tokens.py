@@ -1,0 +1,304 @@
+"""Token datasets: the byte tokenizer, make-dataset's shards and errors, training windows."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }} import tokens
+from {{ cookiecutter.package_name }}.tokens import DatasetError, TokenDataset
+
+
+def test_byte_tokenizer_round_trip():
+    text = "def f(x):\n    return 'Grüezi ☃'\n"
+    encoded = tokens.encode_bytes(text)
+    assert encoded.dtype == np.uint16 and len(encoded) == len(text.encode("utf-8"))
+    assert tokens.decode_bytes(encoded) == text
+    assert tokens.decode_bytes(torch.tensor([104, 105, 0xC3])) == "hi\ufffd"  # cut UTF-8
+
+
+def text_files(directory, contents):
+    directory.mkdir(exist_ok=True)
+    paths = []
+    for i, text in enumerate(contents):
+        paths.append(directory / f"doc{i}.txt")
+        paths[-1].write_bytes(text)
+    return paths
+
+
+DOCS = [b"alpha " * 200, "b\u00e9ta\n".encode() * 300, bytes(range(1, 256)) * 4]
+
+
+def test_text_dataset_index_shards_and_fingerprint(tmp_path):
+    files = text_files(tmp_path / "src", DOCS)
+    out = tmp_path / "ds"
+    index = tokens.write_text_dataset(files, out, shard_tokens=1000, min_val_tokens=300)
+    assert json.loads((out / "index.json").read_text()) == index
+    assert index["format"] == "tokens/1" and index["dtype"] == "uint16"
+    assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (256, "bytes", 0)
+    total = sum(len(d) + 1 for d in DOCS)
+    assert index["train"]["tokens"] + index["val"]["tokens"] == total
+    assert index["val"]["tokens"] == 300  # min_val_tokens: 0.5% would be 13
+    assert [f["name"] for f in index["train"]["files"]] == [f"train-0000{i}.bin" for i in range(4)]
+    assert [f["tokens"] for f in index["train"]["files"]] == [1000, 1000, 1000, total - 3300]
+    assert index["sources"] == [str(f) for f in files]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["index.json", "val-00000.bin"] + [f"train-0000{i}.bin" for i in range(4)]
+    )
+    # The shards hold every document's bytes, each followed by a 0 byte.
+    names = [f["name"] for f in index["train"]["files"] + index["val"]["files"]]
+    stream = b"".join(np.fromfile(out / n, dtype="<u2").astype(np.uint8).tobytes() for n in names)
+    assert stream == b"".join(d + b"\0" for d in DOCS)
+
+    data = TokenDataset.open(out)
+    assert isinstance(data.train[0], np.memmap)
+    assert (data.vocab_size, data.train_tokens, data.val_tokens) == (256, total - 300, 300)
+    assert data.fingerprint == index["fingerprint"] and data.tokenizer == "bytes"
+
+    # Same input, same fingerprint; one changed byte, another one.
+    again = tokens.write_text_dataset(
+        files, tmp_path / "again", shard_tokens=1000, min_val_tokens=300
+    )
+    assert again["fingerprint"] == index["fingerprint"]
+    files[1].write_bytes(DOCS[1].replace(b"\n", b"!", 1))
+    changed = tokens.write_text_dataset(
+        files, tmp_path / "new", shard_tokens=1000, min_val_tokens=300
+    )
+    assert changed["fingerprint"] != index["fingerprint"]
+
+
+def test_an_existing_dataset_is_kept_unless_the_new_one_is_identical(tmp_path):
+    files = text_files(tmp_path / "src", DOCS)
+    out = tmp_path / "ds"
+    first = tokens.write_text_dataset(files, out, min_val_tokens=300)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert tokens.write_text_dataset(files, out, min_val_tokens=300) == first  # no-op
+    with pytest.raises(DatasetError, match="already holds a different token dataset"):
+        tokens.write_text_dataset(files[:2], out, min_val_tokens=300)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="other: exists and is not a token dataset"):
+        tokens.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
+    (tmp_path / "empty").mkdir()  # an empty directory is fine (e.g. made by a job script)
+    assert tokens.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
+
+
+def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
+    # e.g. two jobs that both found no index.json and run make-dataset at once
+    files = text_files(tmp_path / "src", DOCS * 200)  # ~1 MB: the writes overlap in time
+    script = (
+        "import json, sys; from pathlib import Path; "
+        f"from {tokens.__name__} import write_text_dataset as w; "
+        "files = [Path(a) for a in sys.argv[2:]]; "
+        "print(json.dumps(w(files, Path(sys.argv[1]), min_val_tokens=300)))"
+    )
+    args = [sys.executable, "-c", script, str(tmp_path / "ds"), *map(str, files)]
+    env = {**os.environ, "PYTHONPATH": str(Path(tokens.__file__).parents[1])}
+    writers = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    results = [json.loads(w.communicate(timeout=60)[0]) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0]
+    assert results[0] == results[1] == json.loads((tmp_path / "ds" / "index.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "src"]  # no temp directories
+    assert TokenDataset.open(tmp_path / "ds").fingerprint == results[0]["fingerprint"]
+
+
+def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):
+    files = text_files(tmp_path / "src", DOCS)
+    write = tokens.ShardWriter.write
+    calls = []
+
+    def dies_on_the_second_document(self, chunk):
+        calls.append(len(chunk))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # e.g. Ctrl-C, or any error, after some shards are written
+        write(self, chunk)
+
+    monkeypatch.setattr(tokens.ShardWriter, "write", dies_on_the_second_document)
+    with pytest.raises(KeyboardInterrupt):
+        tokens.write_text_dataset(files, tmp_path / "ds", shard_tokens=500, min_val_tokens=300)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "message"),
+    [
+        ("empty.txt", lambda p: p.write_bytes(b""), "empty.txt: empty file"),
+        ("missing.txt", lambda p: None, "missing.txt: cannot read"),
+        ("folder.txt", lambda p: p.mkdir(), "folder.txt: cannot read: not a file"),
+    ],
+)
+def test_text_errors_name_the_file_and_the_problem(tmp_path, name, make, message):
+    good = text_files(tmp_path / "src", DOCS)
+    make(tmp_path / name)
+    with pytest.raises(DatasetError, match=message):
+        tokens.write_text_dataset([*good, tmp_path / name], tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_any_bytes_are_text_to_the_byte_tokenizer(tmp_path):
+    latin1 = text_files(tmp_path / "src", ["café ".encode("latin-1") * 400])  # not UTF-8
+    index = tokens.write_text_dataset(latin1, tmp_path / "ds", min_val_tokens=100)
+    assert index["train"]["tokens"] + index["val"]["tokens"] == 2001
+
+
+def test_too_little_text_for_a_validation_split(tmp_path):
+    with pytest.raises(DatasetError, match="only 41 tokens in all; need at least 2050"):
+        tokens.write_text_dataset(text_files(tmp_path / "src", [b"x" * 40]), tmp_path / "ds")
+
+
+def test_token_files_from_another_tokenizer(tmp_path):
+    ids = np.random.default_rng(0).integers(0, 50257, 5000).astype(np.int32)
+    np.save(tmp_path / "ids.npy", ids)
+    index = tokens.write_token_dataset(
+        tmp_path / "ids.npy", 50257, tmp_path / "a", min_val_tokens=500
+    )
+    assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (
+        50257,
+        "external",
+        None,
+    )
+    ids.astype("<u2").tofile(tmp_path / "ids.bin")
+    again = tokens.write_token_dataset(
+        tmp_path / "ids.bin", 50257, tmp_path / "b", min_val_tokens=500
+    )
+    assert again["fingerprint"] == index["fingerprint"]
+    data = TokenDataset.open(tmp_path / "a")
+    assert np.array_equal(np.concatenate(data.train + data.val), ids)
+
+
+@pytest.mark.parametrize(
+    ("array", "vocab", "message"),
+    [
+        (np.array([1, 70000, 3] * 1000), 70001, "vocab_size 70001 does not fit uint16"),
+        (np.array([1, 70000, 3] * 1000), 65536, "token 70000 at position 1 is outside"),
+        (np.array([5, 6, 256] * 1000), 256, r"token 256 at position 2 is outside \[0, vocab_"),
+        (np.array([5, -1, 6] * 1000), 256, "token -1 at position 1"),
+        (np.zeros((10, 300), dtype=np.int64), 256, "need a 1-D array of integer tokens"),
+        (np.zeros(3000, dtype=np.float32), 256, "need a 1-D array of integer tokens"),
+        (np.zeros(0, dtype=np.int64), 256, "ids.npy: empty file"),
+    ],
+)
+def test_token_file_errors(tmp_path, array, vocab, message):
+    np.save(tmp_path / "ids.npy", array)
+    with pytest.raises(DatasetError, match=message) as err:
+        tokens.write_token_dataset(tmp_path / "ids.npy", vocab, tmp_path / "ds", min_val_tokens=500)
+    assert "ids.npy" in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.npy"]
+
+
+def test_token_file_unreadable_or_of_unknown_type(tmp_path):
+    with pytest.raises(DatasetError, match="nothing.npy: cannot read"):
+        tokens.write_token_dataset(tmp_path / "nothing.npy", 256, tmp_path / "ds")
+    (tmp_path / "ids.txt").write_text("1 2 3")
+    with pytest.raises(DatasetError, match="ids.txt: unknown token file type"):
+        tokens.write_token_dataset(tmp_path / "ids.txt", 256, tmp_path / "ds")
+    (tmp_path / "odd.bin").write_bytes(b"abc")
+    with pytest.raises(DatasetError, match="odd.bin: odd number of bytes"):
+        tokens.write_token_dataset(tmp_path / "odd.bin", 256, tmp_path / "ds")
+    (tmp_path / "text.npy").write_text("not numpy")
+    with pytest.raises(DatasetError, match="text.npy: not a readable .npy array"):
+        tokens.write_token_dataset(tmp_path / "text.npy", 256, tmp_path / "ds")
+
+
+def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
+    with pytest.raises(DatasetError, match="index.json not found: .*make-dataset --stdlib"):
+        TokenDataset.open(tmp_path)
+    files = text_files(tmp_path / "src", DOCS)
+    out = tmp_path / "ds"
+    tokens.write_text_dataset(files, out, min_val_tokens=300)
+    index = json.loads((out / "index.json").read_text())
+    (out / "index.json").write_text(json.dumps({**index, "format": "tokens/9"}))
+    with pytest.raises(
+        DatasetError, match="unknown dataset format 'tokens/9'; expected 'tokens/1'"
+    ):
+        TokenDataset.open(out)
+    (out / "index.json").write_text(json.dumps(index))
+    with open(out / "train-00000.bin", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(DatasetError, match=r"train-00000.bin: 1000 bytes, but index.json says \d+"):
+        TokenDataset.open(out)
+
+
+def counting_dataset(tmp_path, n=30000, shard_tokens=4096) -> TokenDataset:
+    """Token i is i: a token's value is its position in the stream."""
+    np.save(tmp_path / "ids.npy", np.arange(n))
+    tokens.write_token_dataset(
+        tmp_path / "ids.npy", 2**16, tmp_path / "ds", shard_tokens=shard_tokens, min_val_tokens=2000
+    )
+    return TokenDataset.open(tmp_path / "ds")
+
+
+def test_windows_are_a_function_of_seed_step_rank_and_micro_step(tmp_path):
+    data = counting_dataset(tmp_path)
+    keys = [(0, 5, 0, 0), (0, 5, 1, 0), (0, 5, 0, 1), (0, 6, 0, 0), (1, 5, 0, 0)]
+    forward = [data.window_starts(*k, batch_size=8, block_size=16) for k in keys]
+    backward = [data.window_starts(*k, batch_size=8, block_size=16) for k in reversed(keys)]
+    for a, b in zip(forward, reversed(backward), strict=True):
+        assert a.dtype == np.int64 and np.array_equal(a, b)
+    assert len({tuple(s) for s in forward}) == len(keys)  # each key draws other windows
+    (tmp_path / "copy").mkdir()
+    reopened = counting_dataset(tmp_path / "copy")  # another process, e.g. after a restart
+    assert np.array_equal(reopened.window_starts(0, 5, 0, 0, 8, 16), forward[0])
+
+
+def test_targets_are_the_inputs_shifted_by_one_and_windows_stay_in_a_shard(tmp_path):
+    data = counting_dataset(tmp_path, shard_tokens=100)
+    starts = np.concatenate(
+        [data.window_starts(0, step, 0, 0, batch_size=64, block_size=20) for step in range(50)]
+    )
+    assert np.array_equal(starts // 100, (starts + 20) // 100)  # start and last token: one shard
+    assert len(np.unique(starts % 100)) == 80  # every in-shard start occurs, and no other
+    x, y = data.train_batch(0, 7, 0, 0, batch_size=64, block_size=20)
+    assert x.shape == y.shape == (64, 20) and x.dtype == y.dtype == torch.int64
+    expected = torch.from_numpy(data.window_starts(0, 7, 0, 0, 64, 20))[:, None] + torch.arange(20)
+    assert torch.equal(x, expected) and torch.equal(y, x + 1)
+
+
+def test_validation_batches_are_fixed_and_disjoint_across_ranks(tmp_path):
+    data = counting_dataset(tmp_path, shard_tokens=1000)  # val: the last 2000 tokens, 2 shards
+    # Windows of 97 tokens every 96: 10 per val shard, 20 in all; 6 per rank on 3 ranks.
+    per_rank = [data.val_batches(4, 96, rank, 3, max_batches=100) for rank in range(3)]
+    assert [[len(x) for x, _ in batches] for batches in per_rank] == [[4, 2]] * 3
+    targets = [torch.cat([y.flatten() for _, y in batches]).tolist() for batches in per_rank]
+    assert all(len(set(t)) == len(t) == 6 * 96 for t in targets)  # no token predicted twice
+    assert not set(targets[0]) & set(targets[1]) and not set(targets[1]) & set(targets[2])
+    assert not set(targets[0]) & set(targets[2])
+    for batches in per_rank:
+        for x, y in batches:
+            assert torch.equal(y, x + 1)
+            assert torch.equal((x[:, 0] - 28000) // 1000, (y[:, -1] - 28000) // 1000)
+    again = data.val_batches(4, 96, 1, 3, max_batches=100)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(per_rank[1], again, strict=True))
+    assert len(data.val_batches(4, 96, 0, 3, max_batches=1)) == 1
+    # On 2 ranks all 20 windows are used: every val token after each shard's first is a target.
+    both = [y for rank in (0, 1) for _, y in data.val_batches(4, 96, rank, 2, max_batches=100)]
+    covered = sorted(torch.cat([y.flatten() for y in both]).tolist())
+    assert covered == [*range(28001, 28961), *range(29001, 29961)]
+    with pytest.raises(DatasetError, match="fewer than one per rank"):
+        data.val_batches(4, 1500, 0, 2, max_batches=10)
+
+
+def test_synthetic_tokens(tmp_path):
+    data = TokenDataset.synthetic(vocab_size=1000, tokens=50000, seed=3)
+    assert (data.vocab_size, data.train_tokens, data.val_tokens) == (1000, 50000, 1025)
+    x, y = data.train_batch(0, 0, 0, 0, 8, 64)
+    assert x.shape == (8, 64) and 0 <= int(x.min()) and int(x.max()) < 1000
+    same = TokenDataset.synthetic(1000, 50000, seed=3)
+    assert torch.equal(same.train_batch(0, 0, 0, 0, 8, 64)[0], x)
+    assert TokenDataset.synthetic(1000, 50000, seed=4).fingerprint != data.fingerprint
+
+
+def test_stdlib_sources_exist_offline():
+    files = tokens.stdlib_files()
+    assert len(files) > 100 and files == sorted(files)
+    assert sum(f.stat().st_size for f in files) > 3_000_000
+    assert all(f.suffix == ".py" and f.stat().st_size > 0 for f in files)
+    assert not [f for f in files if {"test", "tests", "site-packages"} & set(f.parts)]
