@@ -87,14 +87,17 @@ def make_dataset(args: argparse.Namespace) -> int:
 
     if args.stdlib or args.text:
         files = tokens.stdlib_files() if args.stdlib else args.text
-        summary = tokens.write_text_dataset(files, args.out)
+        index = tokens.write_text_dataset(files, args.out)
     elif args.tokens:
         if args.vocab_size is None:
             raise ConfigError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
-        summary = tokens.write_token_dataset(args.tokens, args.vocab_size, args.out)
+        index = tokens.write_token_dataset(args.tokens, args.vocab_size, args.out)
     else:
         return make_array_dataset(args)
-    print(f"wrote {summary} to {args.out} (train with model=gpt dataset={args.out})")
+    print(
+        f"wrote {index['train']['tokens']} training and {index['val']['tokens']} validation "
+        f"tokens (vocabulary {index['vocab_size']}) to {args.out}; train with dataset={args.out}"
+    )
     return 0
 
 

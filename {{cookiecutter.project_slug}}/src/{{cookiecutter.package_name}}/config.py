@@ -256,8 +256,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config key 'beta2' must be in [0, 1), got {cfg.beta2}")
     if not 0 < cfg.lr <= 1e3:
         raise ConfigError(f"config key 'lr' must be in (0, 1000], got {cfg.lr}")
-    if cfg.parallelism == "fsdp" and cfg.model == "mlp" and cfg.activation_checkpointing:
+    if cfg.model == "mlp" and cfg.activation_checkpointing:
         raise ConfigError("config key 'activation_checkpointing' needs model=\"gpt\" (blocks)")
+    if cfg.parallelism == "fsdp" and cfg.precision == "fp16":
+        raise ConfigError("config key 'precision': fp16 is not supported with fsdp; use bf16")
     return cfg
 
 

@@ -1,5 +1,9 @@
 """`python -m <pkg> generate run_dir=DIR --prompt TEXT --tokens N`: sample from the newest
-checkpoint of a GPT run, on CPU or GPU, in one process (a sharded checkpoint is read whole)."""
+checkpoint of a GPT run, on CPU or GPU, in one process (a sharded checkpoint is read whole).
+
+Prompts and output are byte-level text, the tokenizer of `make-dataset --stdlib/--text`; a model
+trained on another tokenizer's ids needs that tokenizer to encode and decode (`gpt.sample`).
+"""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ def generate(
     cfg = saved_config(values)
     if cfg.model != "gpt":
         raise ConfigError(f"{run_dir} trained model={cfg.model!r}; generate needs a GPT run")
-    vocab = state[gpt.TOKEN_EMBEDDING].shape[0]  # padded vocabulary of the trained model
+    vocab = state["wte.weight"].shape[0]  # padded vocabulary of the trained model
     model = gpt.GPT(gpt_config(cfg, DataInfo("tokens", "", vocab_size=vocab)))
     model.load_state_dict(state)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
@@ -43,5 +47,6 @@ def generate(
     model.to(target).eval()
     context = torch.from_numpy(tokens.encode_bytes(prompt).astype("int64"))[None].to(target)
     generator = torch.Generator(target).manual_seed(seed)
-    out = gpt.sample(model, context, n_tokens, temperature, top_k, generator)
+    # byte-level tokens: only ids 0-255 are text (the rest is padding of the vocabulary)
+    out = gpt.sample(model, context, n_tokens, temperature, top_k, generator, vocab_size=256)
     return tokens.decode_bytes(out[0].tolist())
