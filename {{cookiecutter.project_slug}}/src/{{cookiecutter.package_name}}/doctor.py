@@ -108,9 +108,8 @@ def venv_has_system_site_packages(prefix: str) -> bool:
         text = (Path(prefix) / "pyvenv.cfg").read_text()
     except OSError:
         return False
-    return (
-        re.search(r"^include-system-site-packages\s*=\s*true\s*$", text, re.M | re.I) is not None
-    )
+    pattern = r"^include-system-site-packages\s*=\s*true\s*$"
+    return re.search(pattern, text, re.MULTILINE | re.IGNORECASE) is not None
 
 
 def check_torch_origin(
@@ -517,9 +516,10 @@ def report_lines(per_rank: Mapping[int, tuple[str, list[Result]]], max_variants:
             if world > 1 and (len(ranks) < world or result.status != OK):
                 hosts = list(dict.fromkeys(per_rank[r][0] for r in ranks))
                 shown = ",".join(hosts[:3]) + (f",+{len(hosts) - 3}" if len(hosts) > 3 else "")
-                who = (
-                    f"all {world} ranks" if len(ranks) == world else f"ranks {format_ranks(ranks)}"
-                )
+                if len(ranks) == world:
+                    who = f"all {world} ranks"
+                else:
+                    who = f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
                 where = f" [{who} on {shown}]"
             lines.append(format_line(result, where))
         if len(variants) > max_variants:
