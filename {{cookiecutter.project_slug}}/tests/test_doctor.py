@@ -1,0 +1,352 @@
+"""`doctor`: every check finds its planted fault; two gloo ranks report the all-reduce figure."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PACKAGE, REPO, TIMEOUT_S, clean_env, free_port
+
+from {{ cookiecutter.package_name }} import doctor
+from {{ cookiecutter.package_name }}.doctor import FAIL, OK, WARN
+
+ALPS_FABRIC_ENV = {
+    "NCCL_NET": "AWS Libfabric",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "NCCL_PROTO": "^LL128",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "FI_CXI_DEFAULT_TX_SIZE": "16384",
+    "FI_CXI_DISABLE_HOST_REGISTER": "1",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+}
+PLUGIN = "/user-environment/env/default/lib/libnccl-net.so"
+
+
+def run_doctor(args: list[str], log_dir: Path, world: int = 2, extra_env=None):
+    """`world` ranks of the doctor as gloo subprocesses; (exit codes, output of each rank)."""
+    port, procs, logs = free_port(), [], []
+    for rank in range(world):
+        env = clean_env() | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        logs.append(Path(log_dir) / f"doctor-rank{rank}.log")
+        with open(logs[-1], "w") as out:
+            cmd = [sys.executable, "-m", f"{PACKAGE}.doctor", "--device", "cpu", *args]
+            env |= extra_env or {}
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=out))
+    try:
+        codes = [p.wait(TIMEOUT_S) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        pytest.fail(f"doctor did not finish in {TIMEOUT_S} s:\n{logs[0].read_text()}")
+    return codes, [log.read_text() for log in logs]
+
+
+# --------------------------------------------------------------------------- whole command
+
+
+def test_two_ranks_report_allreduce_bandwidth_and_pass(tmp_path):
+    args = ["--quick", "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path)]
+    codes, (out, out1) = run_doctor(args, tmp_path)
+    assert codes == [0, 0], out
+    assert out1 == ""  # only rank 0 prints
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("64 MiB")]
+    assert len(rows) == 1, out
+    size, unit, time_ms, algbw, busbw = rows[0]
+    # 2 ranks: busbw = algbw * 2(n-1)/n = algbw
+    assert float(busbw) > 0 and float(busbw) == pytest.approx(float(algbw), abs=0.011)
+    assert "OK    allreduce    busbw" in out
+    assert "2 rank(s) on 1 node(s)" in out
+    assert "FAIL" not in out.replace("0 FAIL", "")
+    assert not (tmp_path / "run").exists()  # checking a directory does not create it
+
+
+def test_planted_faults_fail_naming_them(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    args = ["--quick", "--sizes", "1M", "--run-dir", str(blocker / "run")]
+    codes, (out, _) = run_doctor(args, tmp_path, extra_env={"NCCL_NET": "Socket"})
+    assert codes == [1, 1], out
+    assert "FAIL  nccl_net     NCCL_NET='Socket': NCCL would use TCP sockets" in out
+    assert f"FAIL  run_dir      run_dir {blocker / 'run'}" in out
+    assert "[all 2 ranks on " in out  # one line for both ranks
+    assert "doctor: 2 FAIL" in out
+    assert "busbw" in out  # the bandwidth test still ran
+
+
+def test_expected_bandwidth_is_compared(tmp_path):
+    """--expect-busbw far above what gloo reaches: a WARN, and still exit 0."""
+    args = ["--sizes", "1M", "--expect-busbw", "100000"]
+    codes, (out, _) = run_doctor(args, tmp_path)
+    assert codes == [0, 0], out
+    assert "WARN  allreduce" in out and "below half of the 100000 GB/s expected" in out
+
+
+def test_venv_shadowing_the_image_torch_fails(single_process, monkeypatch, tmp_path, capsys):
+    venv = tmp_path / "venv"
+    (venv / "lib/python3/site-packages/torch").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = true\n")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    fake_torch = venv / "lib/python3/site-packages/torch/__init__.py"
+    monkeypatch.setattr(doctor.torch, "__file__", str(fake_torch))
+    assert doctor.main(["--device", "cpu", "--run-dir", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  torch_origin venv shadows the image's torch" in out
+    assert "pip uninstall torch in the venv" in out
+
+
+def test_bad_sizes_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        doctor.main(["--sizes", "1M,lots"])
+    assert exit_info.value.code == 2
+    assert "bad size 'lots' in --sizes" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "text"),
+    [
+        (("2.9.1", "12.9", "2.29.2", True), OK, "torch 2.9.1, CUDA 12.9, NCCL 2.29.2"),
+        (("2.13.0+cpu", None, None, False), OK, "CUDA -"),
+        (("2.13.0+cpu", None, None, True), FAIL, "CPU-only build on a GPU node"),
+        (("2.3.1", "12.1", "2.20.5", True), FAIL, "needs torch>=2.4"),
+    ],
+)
+def test_check_torch_build(args, status, text):
+    result = doctor.check_torch_build(*args)
+    assert result.status == status and text in result.message
+
+
+@pytest.mark.parametrize(
+    ("torch_file", "system_site", "on_alps", "status", "text"),
+    [
+        ("/usr/lib/python3/site-packages/torch/__init__.py", True, True, OK, "image/system"),
+        ("/venv/lib/python3/site-packages/torch/__init__.py", True, False, FAIL, "shadows"),
+        ("/venv/lib/python3/site-packages/torch/__init__.py", False, True, WARN, "without"),
+        ("/venv/lib/python3/site-packages/torch/__init__.py", False, False, OK, "the venv"),
+    ],
+)
+def test_check_torch_origin(torch_file, system_site, on_alps, status, text):
+    result = doctor.check_torch_origin(torch_file, "/venv", "/usr", system_site, on_alps)
+    assert result.status == status and text in result.message
+
+
+def test_check_torch_origin_outside_a_venv():
+    result = doctor.check_torch_origin("/usr/lib/torch/__init__.py", "/usr", "/usr", True, True)
+    assert result.status == OK
+
+
+def test_venv_has_system_site_packages(tmp_path):
+    assert not doctor.venv_has_system_site_packages(str(tmp_path))  # no pyvenv.cfg
+    (tmp_path / "pyvenv.cfg").write_text("home = /x\ninclude-system-site-packages = false\n")
+    assert not doctor.venv_has_system_site_packages(str(tmp_path))
+    (tmp_path / "pyvenv.cfg").write_text("home = /x\ninclude-system-site-packages = true\n")
+    assert doctor.venv_has_system_site_packages(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("want_gpu", "visible", "tasks", "status", "text"),
+    [
+        (False, 0, 2, OK, "CPU run"),
+        (True, 4, 4, OK, "4 GPU(s) for 4 task(s)"),
+        (True, 1, 1, OK, "1 GPU(s) for 1 task(s)"),
+        (True, 0, 4, FAIL, "no GPU visible"),
+        (True, 2, 4, FAIL, "4 tasks on this node share 2 GPUs"),
+        (True, 1, 4, WARN, "--gpus-per-task=1"),
+        (True, 4, 1, WARN, "3 GPU(s) idle"),
+    ],
+)
+def test_check_gpus(want_gpu, visible, tasks, status, text):
+    result = doctor.check_gpus(want_gpu, visible, tasks, None)
+    assert result.status == status and text in result.message
+
+
+@pytest.mark.parametrize(
+    ("bound", "threads", "tasks", "node", "gpu", "status", "text"),
+    [
+        (72, 8, 4, 288, True, OK, "72 core(s) bound, 8 thread(s)"),
+        (8, 16, 4, 288, True, FAIL, "oversubscribed; set OMP_NUM_THREADS<=8"),
+        (288, 100, 4, 288, True, FAIL, "4 unbound tasks on 288 cores"),
+        (8, 8, 4, 288, True, WARN, "--cpus-per-task=72"),
+        (2, 1, 2, 2, False, OK, "2 core(s) bound"),
+    ],
+)
+def test_check_cpu(bound, threads, tasks, node, gpu, status, text):
+    result = doctor.check_cpu(bound, threads, tasks, node, gpu)
+    assert result.status == status and text in result.message
+
+
+def test_is_alps_node():
+    assert doctor.is_alps_node("nid001234", False, False)
+    assert doctor.is_alps_node("x", True, False) and doctor.is_alps_node("x", False, True)
+    assert not doctor.is_alps_node("laptop", False, False)
+    assert not doctor.is_alps_node("nid001234.login", False, False)
+
+
+def test_find_net_plugins(tmp_path):
+    (tmp_path / "libnccl-net.so").write_text("")
+    (tmp_path / "libnccl.so").write_text("")
+    ldconfig = (
+        "\tlibnccl-net-ofi.so (libc6,AArch64) => /opt/aws-ofi/lib/libnccl-net-ofi.so\n"
+        "\tlibc.so.6 (libc6,AArch64) => /lib64/libc.so.6\n"
+    )
+    found = doctor.find_net_plugins(f"/does/not/exist:{tmp_path}", ldconfig)
+    assert found == [str(tmp_path / "libnccl-net.so"), "/opt/aws-ofi/lib/libnccl-net-ofi.so"]
+    assert doctor.find_net_plugins("", "") == []
+
+
+@pytest.mark.parametrize(
+    ("environ", "alps_gpu", "plugins", "status", "text"),
+    [
+        ({"NCCL_NET": "AWS Libfabric"}, True, [PLUGIN], OK, "plugin " + PLUGIN),
+        ({}, False, [], OK, "not an Alps GPU run"),
+        ({"NCCL_NET": "IB"}, False, [], OK, "NCCL_NET=IB"),
+        ({"NCCL_NET": "Socket"}, False, [], FAIL, "would use TCP sockets"),
+        ({"NCCL_NET": "IB"}, True, [PLUGIN], FAIL, "a transport other than Slingshot"),
+        ({"NCCL_NET": "'AWS Libfabric'"}, True, [PLUGIN], FAIL, "extra quotes"),
+        ({}, True, [], FAIL, "NCCL would use TCP sockets"),
+        ({"NCCL_NET": "AWS Libfabric"}, True, [], WARN, "fail at start if it is really missing"),
+        ({}, True, [PLUGIN], WARN, "NCCL_NET unset"),
+        ({"NCCL_NET_PLUGIN": "ofi"}, True, [PLUGIN], FAIL, "looked for libnccl-net-ofi.so"),
+        (
+            {"NCCL_NET_PLUGIN": "ofi", "NCCL_NET": "AWS Libfabric"},
+            True,
+            ["/x/libnccl-net-ofi.so.1"],
+            OK,
+            "plugin /x/libnccl-net-ofi.so.1",
+        ),
+    ],
+)
+def test_check_nccl_network(environ, alps_gpu, plugins, status, text):
+    result = doctor.check_nccl_network(environ, alps_gpu, plugins)
+    assert result.status == status and text in result.message, result
+
+
+@pytest.mark.parametrize(
+    ("change", "alps_gpu", "status", "text"),
+    [
+        ({}, True, OK, "present"),
+        ({}, False, OK, "not an Alps GPU run"),
+        ({"FI_CXI_DEFAULT_CQ_SIZE": None}, True, WARN, "FI_CXI_DEFAULT_CQ_SIZE"),
+        ({"NCCL_PROTO": "Simple,LL128"}, True, WARN, "LL128 is slower"),
+        ({"MPICH_GPU_SUPPORT_ENABLED": "1"}, True, WARN, "can deadlock"),
+    ],
+)
+def test_check_fabric_env(change, alps_gpu, status, text):
+    environ = {k: v for k, v in (ALPS_FABRIC_ENV | change).items() if v is not None}
+    result = doctor.check_fabric_env(environ, alps_gpu)
+    assert result.status == status and text in result.message, result
+
+
+def test_check_directory_ok_and_not_created(tmp_path):
+    result = doctor.check_directory("run_dir", tmp_path / "new" / "run", 0.0, lambda p: None)
+    assert result.status == OK and f"(in {tmp_path})" in result.message
+    assert not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_check_directory_below_a_file_fails(tmp_path):
+    (tmp_path / "f").write_text("")
+    result = doctor.check_directory("run_dir", tmp_path / "f" / "run", 0.0, lambda p: None)
+    assert result.status == FAIL and "is not a directory; choose another run_dir" in result.message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_check_directory_read_only_fails(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    result = doctor.check_directory("data_dir", locked, 0.0, lambda p: None)
+    assert result.status == FAIL and "is not writable" in result.message
+
+
+def test_check_directory_free_space_and_striping(tmp_path):
+    full = doctor.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
+    assert full.status == WARN and "GiB free" in full.message
+    flat = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
+    assert flat.status == WARN and "lfs setstripe -E 4M -c 1" in flat.message
+    for stripes in (32, -1):
+        striped = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
+        assert striped.status == OK and f"stripe count {stripes}" in striped.message
+
+
+def test_lustre_stripe_count_reads_lfs(tmp_path, monkeypatch):
+    """A fake `lfs` first on PATH: a progressive layout counts by its widest component."""
+    lfs = tmp_path / "lfs"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    for script, count in (("echo 1; echo 4; echo 32", 32), ("echo 1", 1), ("exit 2", None)):
+        lfs.write_text(f"#!/bin/sh\n{script}\n")
+        lfs.chmod(0o755)
+        assert doctor.lustre_stripe_count(tmp_path) == count
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert doctor.lustre_stripe_count(tmp_path) is None  # no lfs: not checked
+
+
+def test_check_clock_skew():
+    assert doctor.check_clock_skew({"a": 100.0, "b": 100.2}).status == OK
+    skewed = doctor.check_clock_skew({"a": 100.0, "b": 103.5, "c": 101.0})
+    assert skewed.status == WARN and "3.5 s between a and b" in skewed.message
+
+
+def test_check_gpu_sharing():
+    assert doctor.check_gpu_sharing({0: ("a", None), 1: ("a", None)}) is None
+    assert doctor.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u1"), 2: ("b", "u0")}).status == OK
+    shared = doctor.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u0"), 2: ("a", "u1")})
+    assert shared.status == FAIL and "ranks 0-1 on a use the same GPU" in shared.message
+
+
+def test_bus_bandwidth_as_nccl_tests_defines_it():
+    algbw, busbw = doctor.bus_bandwidth(4 * 10**9, 2.0, 4)
+    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(2.0 * 2 * 3 / 4)
+    assert doctor.bus_bandwidth(10**9, 1.0, 2) == pytest.approx((1.0, 1.0))
+
+
+def test_expected_busbw():
+    assert doctor.expected_busbw("cpu", 1, 2) is None
+    assert doctor.expected_busbw("cuda", 1, 1) is None
+    assert doctor.expected_busbw("cuda", 1, 4)[0] == 250
+    assert doctor.expected_busbw("cuda", 2, 4)[0] == 50
+    assert doctor.expected_busbw("cuda", 8, 1)[0] == 15
+
+
+def test_check_bandwidth():
+    assert doctor.check_bandwidth(1.0, 2**20, "gloo on CPU", None).status == OK
+    low = doctor.check_bandwidth(20.0, 2**30, "NCCL", (50.0, "several nodes"))
+    assert low.status == WARN and "below half of the 50 GB/s" in low.message
+    assert doctor.check_bandwidth(30.0, 2**30, "NCCL", (50.0, "several nodes")).status == OK
+
+
+def test_parse_sizes_and_format():
+    assert doctor.parse_sizes("1M, 64MiB,1G,512") == (2**20, 64 * 2**20, 2**30, 512)
+    for bad in ("0M", "1T", "x", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            doctor.parse_sizes(bad)
+    assert [doctor.format_size(n) for n in (512, 2**20, 3 * 2**30)] == ["512 B", "1 MiB", "3 GiB"]
+    assert doctor.format_ranks([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+
+
+def test_report_lines_group_ranks():
+    bad = doctor.Result(FAIL, "run_dir", "run_dir /x is not writable")
+    ok = doctor.Result(OK, "cpu", "8 cores")
+    odd = doctor.Result(WARN, "cpu", "2 cores")
+    per_rank = {0: ("a", [bad, ok]), 1: ("a", [bad, ok]), 2: ("b", [bad, odd])}
+    lines = doctor.report_lines(per_rank)
+    assert lines == [
+        "FAIL  run_dir      run_dir /x is not writable [all 3 ranks on a,b]",
+        "WARN  cpu          2 cores [rank 2 on b]",
+        "OK    cpu          8 cores [ranks 0-1 on a]",
+    ]
+    many = {r: ("a", [doctor.Result(OK, "gpus", f"v{r}")]) for r in range(5)}
+    assert doctor.report_lines(many, max_variants=2)[-1].endswith("3 more variant(s)")
