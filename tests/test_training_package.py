@@ -34,21 +34,31 @@ def package(repo) -> str:
 
 def test_package_layout(repo, package):
     src = repo / "src" / package
-    for module in (
-        "distributed",
+    modules = {
+        "__init__",
+        "__main__",
+        "benchmark",
+        "checkpoint",
+        "cli",
         "config",
         "data",
-        "model",
-        "train",
+        "distributed",
+        "doctor",
+        "generate",
+        "gpt",
         "metrics",
-        "checkpoint",
+        "model",
+        "parallel",
+        "prefetch",
         "preemption",
-        "benchmark",
-        "cli",
-        "__main__",
-    ):
-        assert (src / f"{module}.py").is_file(), module
+        "rundir_lock",
+        "tokens",
+        "tracking",
+        "train",
+    }
+    assert {p.stem for p in src.glob("*.py")} == modules
     assert (repo / "configs" / "default.toml").is_file()
+    assert (repo / "configs" / "tiny.toml").is_file()
     assert (repo / "docs" / "training.md").is_file()
 
 
@@ -65,31 +75,65 @@ def test_generated_test_suite_passes(repo):
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
 
-def test_train_with_default_config_then_resume(repo, package, tmp_path):
+def test_first_example_prepare_data_train_resume_generate(repo, package, tmp_path):
+    """The README's first example on CPU: the standard library as byte tokens, the tiny GPT,
+    the same command again (resumes), then text sampled from the checkpoint."""
+    data = tmp_path / "stdlib-bytes"
+    env = package_env(repo)
+    made = run(
+        [sys.executable, "-m", package, "make-dataset", "--stdlib", "--out", str(data)],
+        cwd=repo,
+        env=env,
+        timeout=300,
+    )
+    assert "training and" in made.stdout and (data / "index.json").is_file()
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable,
         "-m",
         package,
         "--config",
-        "configs/default.toml",
+        "configs/tiny.toml",
+        f"dataset={data}",
         f"run_dir={run_dir}",
         "max_steps=20",
         "log_every=10",
         "checkpoint_every=10",
+        "eval_every=20",
     ]
-    first = run(cmd, cwd=repo, env=package_env(repo), timeout=300)
+    first = run(cmd, cwd=repo, env=env, timeout=300)
     assert "training finished at step 20" in first.stderr
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "step-00000010.pt",
-        "step-00000020.pt",
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == [
+        "step-00000010",
+        "step-00000020",
     ]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [10, 20]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [20]
     assert (run_dir / "config.toml").is_file() and not (run_dir / "REQUEUE").exists()
 
-    again = run(cmd, cwd=repo, env=package_env(repo), timeout=300)  # the same command resumes
+    again = run(cmd, cwd=repo, env=env, timeout=300)  # the same command resumes
     assert "RESUMING" in again.stderr and "from checkpoint step 20" in again.stderr
+
+    sampled = run(
+        [
+            sys.executable,
+            "-m",
+            package,
+            "generate",
+            f"run_dir={run_dir}",
+            "--prompt",
+            "def ",
+            "--tokens",
+            "50",
+            "--device",
+            "cpu",
+        ],
+        cwd=repo,
+        env=env,
+        timeout=300,
+    )
+    assert sampled.stdout.startswith("def ") and len(sampled.stdout) > 20
 
 
 def test_config_error_exit_status(repo, package):
@@ -111,7 +155,7 @@ def test_benchmark_prints_one_json_line(repo, package):
             package,
             "benchmark",
             "--config",
-            "configs/default.toml",
+            "configs/tiny.toml",
             "bench_warmup=3",
             "bench_steps=20",
         ],

@@ -97,7 +97,11 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
 
     cfg = load_config(None, ["model=mlp", f"dataset={out}", "eval_samples=50"])
     source = data.open_source(cfg)
-    assert (source.split, source.info.num_features, source.info.fingerprint) == (250, 5, fingerprint)
+    assert (source.split, source.info.num_features, source.info.fingerprint) == (
+        250,
+        5,
+        fingerprint,
+    )
 
 
 def test_num_workers_from_slurm_cpus_per_task(monkeypatch):

@@ -37,28 +37,46 @@ def make_parser() -> argparse.ArgumentParser:
     add_config_arguments(train)
     bench = sub.add_parser("benchmark", help="time the training step against a bare loop (JSON)")
     add_config_arguments(bench)
-    bench.add_argument("--size", choices=("default", "large"), default="default",
-                       help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)")
+    bench.add_argument(
+        "--size",
+        choices=("default", "large"),
+        default="default",
+        help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)",
+    )
     bench.add_argument("--model", choices=("gpt", "mlp"), help="same as model=...")
     bench.add_argument("--preset", help="same as preset=..., e.g. gpt2-124m")
-    sub.add_parser("doctor", help="check this node's environment, then all-reduce bandwidth",
-                   add_help=False)
+    sub.add_parser(
+        "doctor", help="check this node's environment, then all-reduce bandwidth", add_help=False
+    )
     make = sub.add_parser("make-dataset", help="write a dataset directory")
     make.add_argument("--out", type=Path, required=True, help="directory to write")
     source = make.add_mutually_exclusive_group()
-    source.add_argument("--stdlib", action="store_true",
-                        help="GPT: the Python standard library's sources as byte tokens (offline)")
-    source.add_argument("--text", type=Path, nargs="+", metavar="FILE",
-                        help="GPT: plain text files, byte-level tokens (vocab 256)")
-    source.add_argument("--tokens", type=Path, metavar="FILE",
-                        help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)")
+    source.add_argument(
+        "--stdlib",
+        action="store_true",
+        help="GPT: the Python standard library's sources as byte tokens (offline)",
+    )
+    source.add_argument(
+        "--text",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="GPT: plain text files, byte-level tokens (vocab 256)",
+    )
+    source.add_argument(
+        "--tokens",
+        type=Path,
+        metavar="FILE",
+        help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)",
+    )
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
     make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
     make.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
     make.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
     make.add_argument("--features", type=int, default=64, help="MLP synthetic: input features")
-    make.add_argument("--classes", type=int,
-                      help="MLP: number of classes (synthetic: 10; .npy: max label + 1)")
+    make.add_argument(
+        "--classes", type=int, help="MLP: number of classes (synthetic: 10; .npy: max label + 1)"
+    )
     make.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
     gen = sub.add_parser("generate", help="sample text from a run's newest checkpoint")
     gen.add_argument("run", metavar="run_dir=DIR", help="the run directory")
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from .rundir_lock import RunDirBusy
     from .tokens import DatasetError
+    from .tracking import TrackerError
 
     try:
         return dispatch(args, argv)
@@ -184,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as err:
         print(f"{PROG} {args.command}: dataset error: {err}", file=sys.stderr)
         return 2
-    except (LaunchError, RunDirBusy) as err:
+    except (LaunchError, RunDirBusy, TrackerError) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:

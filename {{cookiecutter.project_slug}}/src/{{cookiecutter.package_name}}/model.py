@@ -60,9 +60,7 @@ def build_model(cfg, info: DataInfo) -> nn.Module:
 def loss_fn(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross entropy in fp32 for both models: (B, C) logits with (B,) labels, or (B, T, V)
     logits with (B, T) next tokens."""
-    return F.cross_entropy(
-        output.flatten(0, -2).float(), target.flatten(), reduction=reduction
-    )
+    return F.cross_entropy(output.flatten(0, -2).float(), target.flatten(), reduction=reduction)
 
 
 def flops_per_sample(cfg, model: nn.Module, info: DataInfo) -> float:

@@ -90,8 +90,15 @@ class StopPolicy:
     ranks agree on them (one tiny all-reduce). `poll(step)` after every optimizer step.
     """
 
-    def __init__(self, flag, deadline: Deadline, schedule, check_every: int, max_steps: int,
-                 device: torch.device):
+    def __init__(
+        self,
+        flag,
+        deadline: Deadline,
+        schedule,
+        check_every: int,
+        max_steps: int,
+        device: torch.device,
+    ):
         self.flag, self.deadline, self.schedule = flag, deadline, schedule
         self.check_every, self.max_steps, self.device = check_every, max_steps, device
         self.restart_clock(0)
