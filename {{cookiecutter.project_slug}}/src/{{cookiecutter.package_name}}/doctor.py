@@ -700,7 +700,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--run-dir", type=Path, help="run directory to check (writable, striped)")
     parser.add_argument("--data-dir", type=Path, help="data directory to check")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: the GPUs when the node has any (default)",
+    )
     parser.add_argument(
         "--expect-busbw",
         type=float,
@@ -740,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: rank {env.rank} on {host}: {err}", file=sys.stderr)
         for result in results:
             if result.status != OK:
-                print(f"{result.status:<5} {result.check:<13}{result.message}", file=sys.stderr)
+                print(format_line(result), file=sys.stderr)
         return 1
 
 
