@@ -729,7 +729,18 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = want_gpu and torch.cuda.is_available()
     device = torch.device("cpu")
     if use_cuda:
-        device = distributed.choose_device(env.local_rank, torch.cuda.device_count())
+        count = torch.cuda.device_count()
+        try:
+            device = distributed.choose_device(
+                "cuda",
+                env.local_rank,
+                env.local_world_size,
+                count,
+                env.rank,
+                os.environ.get("CUDA_VISIBLE_DEVICES"),
+            )
+        except LaunchError:  # ranks would share a GPU: check_gpu_sharing reports it below
+            device = torch.device("cuda", env.local_rank % count)
         torch.cuda.set_device(device)
     torch.set_num_threads(distributed.cpu_threads(0, env))
     host = socket.gethostname()
