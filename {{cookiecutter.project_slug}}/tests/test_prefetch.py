@@ -18,7 +18,7 @@ def numbered(n, started=None):
 
 @pytest.mark.parametrize("threaded", [True, False])
 def test_batches_come_in_order_each_made_ready_after_its_copy(threaded):
-    copier = StandInCopier()
+    copier = StandInCopier(record=True)
     out = [int(y) for _, y in Prefetcher(numbered(7), copier, depth=2, threaded=threaded)]
     assert out == list(range(7))
     readies = [k for op, k in copier.log if op == "ready"]

@@ -15,11 +15,11 @@ from conftest import (
     train_ranks,
 )
 
-FINAL = 120
+FINAL = 80
 
 
 def test_reference_run_finished(reference_run):
-    assert checkpoint_steps(reference_run) == [100, 110, 120]  # keep_checkpoints=3
+    assert checkpoint_steps(reference_run) == [60, 70, 80]  # keep_checkpoints=3
     assert (reference_run / "config.toml").exists()
     assert not (reference_run / "REQUEUE").exists()
     assert not (reference_run / "LOCK").exists()  # released at the end

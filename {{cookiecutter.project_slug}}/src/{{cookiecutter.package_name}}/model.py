@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import gpt
+from .config import ConfigError
 from .data import DataInfo
 
 
@@ -33,9 +34,14 @@ class MLP(nn.Module):
 
 
 def gpt_config(cfg, info: DataInfo) -> gpt.GPTConfig:
+    if cfg.vocab_size and cfg.vocab_size < info.vocab_size:
+        raise ConfigError(
+            f"config key 'vocab_size' is {cfg.vocab_size} but the dataset's tokens go up to "
+            f"{info.vocab_size}; use 0 (the dataset's) or a larger value"
+        )
     return gpt.gpt_config(
         cfg.preset,
-        info.vocab_size,
+        cfg.vocab_size or info.vocab_size,
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
         n_embd=cfg.n_embd,

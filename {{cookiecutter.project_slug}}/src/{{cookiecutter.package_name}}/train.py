@@ -143,8 +143,8 @@ def input_pipeline(run: Run, stop_step: int) -> tuple[data.StepBatches, Prefetch
     stream = data.micro_batches(batches, stop_step, workers, pin=device.type == "cuda")
     if device.type == "cuda" and not on_gpu:
         return batches, Prefetcher(stream, CudaCopier(device))
-    # On the GPU already, or on CPU: no copy; a thread still gathers ahead on CPU.
-    return batches, Prefetcher(stream, StandInCopier(), threaded=not on_gpu and workers == 0)
+    # On the GPU already, or training on the CPU (whose cores the step uses): no copy, no thread.
+    return batches, Prefetcher(stream, StandInCopier(), threaded=False)
 
 
 def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
@@ -251,6 +251,20 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     )
 
 
+def record_written(done: list, schedule: checkpoint.CheckpointSchedule, meter) -> None:
+    """Log the checkpoints whose writing completed: the stall the loop paid, the write time."""
+    for stats in done:
+        schedule.record_write(stats.write_s)
+        meter.write({"kind": "checkpoint", **dataclasses.asdict(stats)})
+        log.info(
+            "checkpoint step %d complete: training stalled %.2f s, written in %.2f s%s",
+            stats.step,
+            stats.stall_s,
+            stats.write_s,
+            " (in the background)" if stats.asynchronous else "",
+        )
+
+
 def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) -> int:
     run_dir = Path(cfg.run_dir)
     run = build(cfg, env, device)
@@ -306,19 +320,13 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
-                stats = ckpt.save(step)
-                schedule.record_save(stats.stall_s)
-                meter.write({"kind": "checkpoint", "step": step, **dataclasses.asdict(stats)})
-                log.info(
-                    "checkpoint step %d (training stalled %.2f s); next: %s",
-                    step,
-                    stats.stall_s,
-                    schedule.describe(),
-                )
+                schedule.record_save(ckpt.save(step).stall_s)
                 meter.restart_clock()
                 policy.restart_clock(step)
+            record_written(ckpt.poll(), schedule, meter)
             if decision.stop:
-                ckpt.wait()  # the checkpoint must be durable before the job gives up the nodes
+                # the checkpoint must be complete before the job gives up its nodes
+                record_written(ckpt.wait(), schedule, meter)
                 if env.is_main:  # torchrun turns exit 3 into 1: the marker tells the script
                     preemption.write_requeue_marker(run_dir, f"step {step}: {decision.reason}")
                 log.warning(
@@ -328,10 +336,11 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                     preemption.REQUEUE_EXIT_CODE,
                 )
                 return preemption.REQUEUE_EXIT_CODE
-        ckpt.wait()
+        record_written(ckpt.wait(), schedule, meter)
     finally:
         inputs.close()
         meter.close()
+        ckpt.close()
     if env.is_main:
         preemption.remove_requeue_marker(run_dir)
     log.info("training finished at step %d", cfg.max_steps)
