@@ -36,3 +36,18 @@ def test_the_minimal_mlp_example_learns(tmp_path, single_process):
     (evaluation,) = [r for r in records if r["kind"] == "eval"]
     assert train[-1]["loss"] < train[0]["loss"] and "samples_per_s" in train[0]
     assert evaluation["eval_acc"] > 0.5  # 4 classes: chance is 0.25
+
+
+def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path, single_process, capsys):
+    import json
+    import os
+    import socket
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = {"job": "4242", "host": socket.gethostname(), "pid": os.getppid()}
+    (run_dir / "LOCK").write_text(json.dumps(holder))
+    assert main([*TINY, f"run_dir={run_dir}", "max_steps=5"]) == 1
+    err = capsys.readouterr().err
+    assert "is in use by job 4242" in err and "Traceback" not in err
+    assert not (run_dir / "checkpoints").exists()  # nothing trained into it
