@@ -51,8 +51,13 @@ SBATCH_OVERRIDES: dict[str, list[str]] = {
 #    DATA_DIR to Alps paths (/capstor/scratch/..., ${SCRATCH}/...) that do not exist here, so
 #    they (and SCRATCH, for anything else) point to these directories in the test's tmp dir.
 SUBMISSION_ENV_DIRS = {"RUN_DIR": "run", "DATA_DIR": "data", "SCRATCH": "scratch"}
-# 3. key=value training overrides after the script name (documented usage): short jobs.
-QUICK = ["max_steps=40", "log_every=10", "checkpoint_every=20", "eval_every=0"]
+#    CONFIG: the CPU-sized GPT (configs/tiny.toml: 40 steps, checkpoints at 20 and 40).
+#    DATASET: one stdlib-bytes dataset for the session, made by the first job that needs it.
+#    DOCTOR=0 except where a test asserts the doctor's report (it adds a few seconds a job).
+SUBMISSION_ENV = {"CONFIG": "configs/tiny.toml", "DOCTOR": "0"}
+# 3. key=value training overrides after the script name (documented usage). device=cpu: the
+#    ranks share this machine's CPU and gloo even where a GPU is present.
+QUICK = ["device=cpu"]
 # ---------------------------------------------------------------------------------------------
 
 RANKS = 4  # --ntasks-per-node=4 (srun) or 4 torchrun workers (--gpus-per-node=4), one node
@@ -131,6 +136,12 @@ def repo(bake, tmp_path_factory):
     return _repo
 
 
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """Where the session's jobs find (the first one makes) the default stdlib-bytes dataset."""
+    return tmp_path_factory.mktemp("datasets") / "stdlib-bytes"
+
+
 # --------------------------------------------------------------------------------- helpers
 
 
@@ -175,11 +186,12 @@ def submit(
     repo: Repo,
     work: Path,
     args: list[str],
+    dataset: Path,
     extra_env: dict[str, str] | None = None,
 ) -> Submission:
     """sbatch the generated script from the repository root, as the README says."""
     dirs = {key: str(work / sub) for key, sub in SUBMISSION_ENV_DIRS.items()}
-    env = clean_env() | dirs | (extra_env or {})
+    env = clean_env() | dirs | SUBMISSION_ENV | {"DATASET": str(dataset)} | (extra_env or {})
     job_id = slurm.sbatch(
         *SBATCH_OVERRIDES.get(repo.name, []), repo.script, *args, cwd=repo.path, env=env
     )
@@ -228,16 +240,17 @@ def check_ranks_trained(sub: Submission, max_steps: int, starts: int = 1) -> Non
     ]
     train = [r for r in records if r["kind"] == "train"]
     assert train and train[-1]["step"] == max_steps
-    assert {round(r["samples_per_s"] / r["samples_per_s_per_rank"]) for r in train} == {RANKS}
+    assert {round(r["tokens_per_s"] / r["tokens_per_s_per_rank"]) for r in train} == {RANKS}
 
 
 def check_checkpoint(sub: Submission, step: int) -> None:
-    import torch
-
-    path = sub.run_dir / "checkpoints" / f"step-{step:08d}.pt"
-    assert path.is_file(), sorted(p.name for p in sub.run_dir.rglob("*"))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    assert state["step"] == step and state["world_size"] == RANKS
+    """A complete DCP checkpoint of `step` written by all RANKS ranks (one shard file each)."""
+    path = sub.run_dir / "checkpoints" / f"step-{step:08d}"
+    marker = path / "COMPLETE.json"
+    assert marker.is_file(), sorted(str(p.relative_to(sub.run_dir)) for p in sub.run_dir.rglob("*"))
+    record = json.loads(marker.read_text())
+    assert record["step"] == step and record["world_size"] == RANKS
+    assert len(list(path.glob("*.distcp"))) == RANKS
 
 
 def check_log_path(sub: Submission, job: Job) -> None:
@@ -245,13 +258,27 @@ def check_log_path(sub: Submission, job: Job) -> None:
     assert job.stdout == sub.log
 
 
-def check_environment_requests(sub: Submission, restarts: int = 0) -> None:
-    """The uenv/EDF each step asked for (SPANK records) is the one the repo configured."""
+def check_environment_requests(
+    sub: Submission, restarts: int = 0, steps_per_start: int | None = None
+) -> None:
+    """The uenv/EDF each step asked for (SPANK records) is the one the repo configured.
+
+    Each start runs the batch step, then its srun steps 0, 1, ... (make-dataset when the dataset
+    is missing, the doctor unless DOCTOR=0, training); `steps_per_start` checks the first start.
+    """
     records = sub.slurm.spank_records(sub.job_id)
-    assert [r["step"] for r in records] == ["batch", "0"] * (restarts + 1), records
-    assert [r["restart"] for r in records if r["step"] == "0"] == [
-        str(n) for n in range(restarts + 1)
-    ]
+    starts: list[list[dict[str, str]]] = []
+    for record in records:
+        if record["step"] == "batch":
+            starts.append([])
+        else:
+            assert starts, records
+            starts[-1].append(record)
+    assert len(starts) == restarts + 1, records
+    for restart, steps in enumerate(starts):
+        assert [r["step"] for r in steps] == [str(n) for n in range(len(steps))], records
+        assert {r["restart"] for r in steps} == {str(restart)}, records
+    assert steps_per_start is None or len(starts[0]) == steps_per_start, records
     for record in records:
         if sub.repo.flavour == "uenv":
             # #SBATCH --uenv/--view apply to the batch step and to every srun step
@@ -366,21 +393,50 @@ def test_a_job_can_requeue_itself(slurm, tmp_path):
         pytest.param("container-extended-torchrun", "container", id="container-torchrun-pmix"),
     ],
 )
-def test_job_trains_and_completes(slurm, repo, tmp_path, name, flavour):
-    sub = submit(slurm, repo(name, flavour), tmp_path, QUICK)
+def test_job_trains_and_completes(slurm, repo, tmp_path, dataset, name, flavour):
+    """configs/tiny.toml to the end; the dataset is made by the first job that needs it and the
+    doctor checks all ranks first (srun and torchrun launch it as they launch training)."""
+    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
+    sub = submit(slurm, repo(name, flavour), tmp_path, QUICK, dataset, extra_env=doctor)
     with explained(sub):
         job = sub.wait()
         assert job.state == "COMPLETED" and job.exit_code == (0, 0)
+        text = sub.text()
+        assert (dataset / "index.json").is_file()
+        made = re.findall(r"^\S*\s*wrote \d+ training and \d+ validation tokens", text, re.M)
+        assert len(made) <= 1 and ("making the dataset" in text) == bool(made), made
+        # the doctor's report (rank 0) precedes training, and it passed
+        doctor_line = f"doctor: {RANKS} rank(s) on 1 node(s)"
+        assert doctor_line in text and "doctor: 0 FAIL" in text, text[-3000:]
+        assert text.index(doctor_line) < text.index("training finished")
+        assert f"dataset={dataset}" in (sub.run_dir / "config.toml").read_text().replace('"', "")
         check_log_path(sub, job)
         check_ranks_trained(sub, max_steps=40)
         check_checkpoint(sub, 40)
         check_checkpoint(sub, 20)
-        check_environment_requests(sub)
+        check_environment_requests(sub, steps_per_start=3 if made else 2)
+
+
+def test_a_failing_doctor_stops_the_job(slurm, repo, tmp_path, dataset):
+    """A FAIL from the doctor (here: a data directory that is a file; DOCTOR_ARGS come last and
+    win) ends the job before training, FAILED, with the reason and the way out in the log."""
+    target = repo("both-extended-srun", "uenv")
+    not_a_dir = tmp_path / "not-a-directory"
+    not_a_dir.write_text("")
+    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": f"--device cpu --data-dir {not_a_dir}"}
+    sub = submit(slurm, target, tmp_path, QUICK, dataset, extra_env=doctor)
+    with explained(sub):
+        job = sub.wait()
+        text = sub.text()
+        assert job.state == "FAILED" and job.exit_code[0] == 1
+        assert re.search(r"FAIL +data_dir .*not-a-directory", text), text[-3000:]
+        assert "error: the doctor found a problem" in text and "DOCTOR=0" in text
+        assert "starting a new run" not in text and "training finished" not in text
 
 
 # 40-70 ms a step here: the signal, sent once step 10 is logged, lands well before the end
 PREEMPT_STEPS = 150
-PREEMPT = [f"max_steps={PREEMPT_STEPS}", "log_every=10", "checkpoint_every=0", "eval_every=0"]
+PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
 
 
 @pytest.mark.parametrize(
@@ -390,9 +446,11 @@ PREEMPT = [f"max_steps={PREEMPT_STEPS}", "log_every=10", "checkpoint_every=0", "
         pytest.param("uenv-torchrun", "uenv", id="uenv-torchrun"),
     ],
 )
-def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, name, flavour):
+def test_preempted_job_checkpoints_requeues_and_resumes(
+    slurm, repo, tmp_path, dataset, name, flavour
+):
     """USR2 to the steps (what --signal=USR2@180 sends) -> checkpoint, exit 3, requeue, resume."""
-    sub = submit(slurm, repo(name, flavour), tmp_path, PREEMPT)
+    sub = submit(slurm, repo(name, flavour), tmp_path, PREEMPT, dataset)
     with explained(sub):
         sub.wait_for_log(r"INFO step [1-9]\d*/")  # training runs: the handlers are installed
         # without --batch/--full: only the job steps, not the batch shell, as --signal does
@@ -406,7 +464,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, n
         stop_step, reason = int(stopped[0][0]), stopped[0][1]
         assert re.search(r"USR2|\b12\b", reason), f"stopped for {reason!r}, not SIGUSR2"
         assert 0 < stop_step < PREEMPT_STEPS
-        assert re.search(rf"\[rank0\] \S+ INFO checkpoint step {stop_step} written", text)
+        assert re.search(rf"\[rank0\] \S+ INFO checkpoint step {stop_step} complete", text)
         assert f"requeueing job {sub.job_id}" in text
         resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
         assert resumed == [str(stop_step)], "the restart resumes from the preemption checkpoint"
@@ -436,7 +494,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, repo, tmp_path, n
         pytest.param("container-extended-torchrun", "container", id="torchrun"),
     ],
 )
-def test_a_crashing_rank_fails_the_job_without_hanging(slurm, repo, tmp_path, name, flavour):
+def test_a_crashing_rank_fails_the_job_without_hanging(
+    slurm, repo, tmp_path, dataset, name, flavour
+):
     """Rank 1 raises after 5 steps (test-only sitecustomize shim): FAILED, fast, not requeued."""
     target = repo(name, flavour)
     shim = {
@@ -445,7 +505,7 @@ def test_a_crashing_rank_fails_the_job_without_hanging(slurm, repo, tmp_path, na
         "ALPS_E2E_FAIL_RANK": "1",
         "ALPS_E2E_FAIL_AFTER": "5",
     }
-    sub = submit(slurm, target, tmp_path, QUICK, extra_env=shim)
+    sub = submit(slurm, target, tmp_path, QUICK, dataset, extra_env=shim)
     with explained(sub):
         job = sub.wait(timeout=FAILURE_DEADLINE)
         text = sub.text()
