@@ -31,7 +31,6 @@ import warnings
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -55,16 +55,10 @@ MARKER = "COMPLETE.json"
 NAME = re.compile(r"step-(\d{8})")
 CHUNK = 8 << 20  # bytes read at a time when checksumming
 
-# DCP warns on every save/load without a process group; a single process is intended here.
-SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
-warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)  # the background writes
 
-
-@contextmanager
-def _single_process_is_intended():
-    with warnings.catch_warnings():  # also where the filters were reset (e.g. under pytest)
-        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
-        yield
+def _single_process_is_intended() -> None:
+    """DCP warns at every save/load without a process group (also from its writer thread)."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or")
 
 
 class CheckpointError(RuntimeError):
@@ -213,6 +207,8 @@ class CheckpointManager:
             # DCP's own collectives go through a separate gloo group: async save needs a CPU
             # backend, and its background thread must not share NCCL with the training loop.
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        else:
+            _single_process_is_intended()
         self.rank = dist.get_rank() if self.group else 0
         self.world = dist.get_world_size() if self.group else 1
         self._pending: Future | None = None
@@ -252,8 +248,7 @@ class CheckpointManager:
         self._barrier()  # nobody writes into the directory while it is being removed
         path.mkdir(parents=True, exist_ok=True)
         if not self.async_save:
-            with _single_process_is_intended():
-                dcp.save(self.parts, checkpoint_id=path, **self._group_args())
+            dcp.save(self.parts, checkpoint_id=path, **self._group_args())
             stall = time.perf_counter() - started
             self._completed.append(self._finish(step, started, stall, None))
             return self._completed[-1]
@@ -303,8 +298,8 @@ class CheckpointManager:
             mine = {
                 n: file_record(path / n) for n in names if _writer_of(n, self.world) == self.rank
             }
-        except Exception as err:  # every rank still reaches the gather below
-            error, mine = f"{type(err).__name__}: {err}", {}
+        except (Exception, CheckpointException) as err:  # every rank reaches the gather below
+            error, mine = describe(err), {}
         results = self._gather((error, mine))
         errors = [e for e, _ in results if e]
         if errors:
@@ -323,7 +318,7 @@ class CheckpointManager:
                 atomic_write_text(path / MARKER, json.dumps(marker, indent=1) + "\n")
                 self._prune(step)
             except OSError as err:
-                error = f"{type(err).__name__}: {err}"
+                error = describe(err)
         # Also a barrier: no rank exits (e.g. to be requeued) before the marker is durable.
         error = self._broadcast(error)
         if error:
@@ -369,8 +364,8 @@ class CheckpointManager:
             problems.append(f"{path.name}: {problem}")
         if problems:
             raise CheckpointError(
-                f"none of the {len(problems)} complete checkpoints in {self.directory} can be "
-                f"loaded ({'; '.join(problems)}); move them away to start a new run"
+                f"no checkpoint in {self.directory} can be loaded ({len(problems)} complete, all "
+                f"refused: {'; '.join(problems)}); move them away to start a new run"
             )
         return None
 
@@ -390,11 +385,10 @@ class CheckpointManager:
 
     def _load(self, path: Path) -> str | None:
         try:
-            with _single_process_is_intended():
-                dcp.load(self.parts, checkpoint_id=path, **self._group_args())
+            dcp.load(self.parts, checkpoint_id=path, **self._group_args())
             problem = None
-        except Exception as err:
-            problem = " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        except (Exception, CheckpointException) as err:  # DCP's is not an Exception
+            problem = describe(err)
         found = [p for p in self._gather(problem) if p]
         return found[0] if found else None
 
@@ -424,6 +418,14 @@ def _all_gather(obj: Any, group) -> list:
     out: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def describe(err: BaseException) -> str:
+    """One line: DCP wraps each rank's exception, with its traceback, in a CheckpointException."""
+    if isinstance(err, CheckpointException) and err.failures:
+        rank, (err, _) = next(iter(err.failures.items()))
+        return f"rank {rank}: {describe(err)}"
+    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
 def _writer_of(name: str, world: int) -> int:
@@ -553,8 +555,8 @@ def _read_model(path: Path, parts: dict[str, str]) -> tuple[dict, dict]:
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         elif key == f"{train_part}.extra" and isinstance(meta, BytesStorageMetadata):
             wanted[key] = ""
-    with _single_process_is_intended():
-        dcp.load(wanted, storage_reader=reader, no_dist=True)
+    _single_process_is_intended()
+    dcp.load(wanted, storage_reader=reader, no_dist=True)
     extra = json.loads(wanted.pop(f"{train_part}.extra", "{}"))
     state = {key[len(prefix) :]: tensor for key, tensor in wanted.items()}
     return extra.get("config", {}), state
