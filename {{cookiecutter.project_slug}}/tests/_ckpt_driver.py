@@ -98,6 +98,7 @@ def main(mode: str, root: Path) -> None:
         runs.append(("fsdp", "plain", False))  # an FSDP checkpoint into an unwrapped model
     if mode == "load" and world == 2:
         runs.append(("single", "ddp", False))  # written by one process without a group
+        runs.append(("corrupt", "ddp", False))  # step 4 damaged by the test
     managers = []
     for directory, kind, async_save in runs:
         model, optimizer, scheduler = build(kind, world)

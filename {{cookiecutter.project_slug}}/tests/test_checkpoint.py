@@ -123,6 +123,8 @@ def test_round_trip_restores_every_part(tmp_path, async_save):
             p.add_(1.0)
     done = run.manager.wait()
     assert [s.step for s in done] == [3] and done[0].write_s >= done[0].stall_s > 0
+    if not async_save:  # the loop waited for the whole write
+        assert stats.stall_s == stats.write_s == done[0].write_s
     assert done[0].bytes > 0 and stats.asynchronous == async_save
 
     other = Run(tmp_path, seed=1)  # different weights and random states
@@ -310,6 +312,10 @@ def test_load_model_state_and_export(tmp_path):
     assert_same(run.model.state_dict(), state)
     _, state = checkpoint.load_model_state(run_dir / "checkpoints" / "step-00000001")
     assert_same(first, state)
+    flat = checkpoint.read_checkpoint(run_dir / "checkpoints" / "step-00000002")
+    assert flat["train.step"] == 2 and flat["scheduler.last_epoch"] == 2
+    exp_avg = run.optimizer.state[run.model[0].weight]["exp_avg"]
+    assert_same(exp_avg, flat["app.optim.state.0.weight.exp_avg"])
 
     out = checkpoint.export_model(run_dir, tmp_path / "export" / "model.pt")
     assert_same(run.model.state_dict(), torch.load(out, weights_only=True))

@@ -249,8 +249,7 @@ class CheckpointManager:
         path.mkdir(parents=True, exist_ok=True)
         if not self.async_save:
             dcp.save(self.parts, checkpoint_id=path, **self._group_args())
-            stall = time.perf_counter() - started
-            self._completed.append(self._finish(step, started, stall, None))
+            self._completed.append(self._finish(step, started, None, None))
             return self._completed[-1]
         upload = dcp.async_save(
             self.parts, checkpoint_id=path, storage_writer=self._writer, process_group=self.group
@@ -285,21 +284,27 @@ class CheckpointManager:
             pending, self._pending = self._pending, None
             self._completed.append(pending.result())  # re-raises a failed write
 
-    def _finish(self, step: int, started: float, stall: float, upload: Future | None) -> SaveStats:
+    def _finish(
+        self, step: int, started: float, stall: float | None, upload: Future | None
+    ) -> SaveStats:
         """Checksum (each rank the files it wrote), then rank 0 writes the marker and removes
         old checkpoints. Collective; runs in the background thread for async saves."""
-        path, error = self.path(step), None
+        path, error, names, mine = self.path(step), None, None, {}
+        # Errors are passed on, not raised, until every rank has taken part in each collective.
         try:
             if upload is not None:
                 upload.result()
-            names = self._broadcast(
-                sorted(p.name for p in path.iterdir()) if self.rank == 0 else None
-            )
-            mine = {
-                n: file_record(path / n) for n in names if _writer_of(n, self.world) == self.rank
-            }
-        except (Exception, CheckpointException) as err:  # every rank reaches the gather below
-            error, mine = describe(err), {}
+            if self.rank == 0:
+                names = sorted(p.name for p in path.iterdir())
+        except (Exception, CheckpointException) as err:  # DCP's is not an Exception
+            error = describe(err)
+        names = self._broadcast(names)
+        try:
+            for name in names or []:
+                if not error and _writer_of(name, self.world) == self.rank:
+                    mine[name] = file_record(path / name)
+        except OSError as err:
+            error = describe(err)
         results = self._gather((error, mine))
         errors = [e for e, _ in results if e]
         if errors:
@@ -325,7 +330,8 @@ class CheckpointManager:
             raise CheckpointError(f"writing checkpoint {path} failed: {error}")
         self._last_step = step
         size = sum(rec["size"] for rec in files.values())
-        return SaveStats(step, stall, time.perf_counter() - started, size, upload is not None)
+        write = time.perf_counter() - started
+        return SaveStats(step, write if stall is None else stall, write, size, upload is not None)
 
     def _prune(self, newest: int) -> None:
         """Keep `newest` and the keep-1 complete ones before it. Everything else goes: older
@@ -350,17 +356,19 @@ class CheckpointManager:
         for step, complete in self._broadcast(found):
             path = self.path(step)
             if not complete:
-                log.warning(
-                    "skipping incomplete checkpoint %s (no %s: its write did not finish)",
-                    path,
-                    MARKER,
-                )
+                if self.rank == 0:  # every rank knows, one says it
+                    log.warning(
+                        "skipping incomplete checkpoint %s (no %s: its write did not finish)",
+                        path,
+                        MARKER,
+                    )
                 continue
             problem = self._verify(path) or self._load(path)
             if problem is None:
                 self._last_step = step
                 return step
-            log.warning("skipping checkpoint %s: %s", path, problem)
+            if self.rank == 0:
+                log.warning("skipping checkpoint %s: %s", path, problem)
             problems.append(f"{path.name}: {problem}")
         if problems:
             raise CheckpointError(
@@ -466,12 +474,15 @@ def file_record(path: Path) -> dict:
 
 
 def _check_file(path: Path, expected: dict) -> str | None:
-    if not path.is_file():
-        return f"file {path.name} is missing"
-    if path.stat().st_size != expected["size"]:
-        return f"file {path.name} has {path.stat().st_size} bytes, {expected['size']} expected"
-    if file_record(path)["sha256"] != expected["sha256"]:
-        return f"file {path.name} does not match its sha256 checksum (corrupted)"
+    try:
+        if not path.is_file():
+            return f"file {path.name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"file {path.name} has {path.stat().st_size} bytes, {expected['size']} expected"
+        if file_record(path)["sha256"] != expected["sha256"]:
+            return f"file {path.name} does not match its sha256 checksum (corrupted)"
+    except OSError as err:
+        return f"file {path.name} cannot be read: {describe(err)}"
     return None
 
 
@@ -546,20 +557,27 @@ def _read_model(path: Path, parts: dict[str, str]) -> tuple[dict, dict]:
     train_part = next((n for n, kind in parts.items() if kind == "TrainState"), None)
     if model_part is None:
         raise CheckpointError(f"checkpoint {path} holds no ModelAndOptimizer part")
+    prefix, extra = f"{model_part}.model.", f"{train_part}.extra"
+    flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
+    config = json.loads(flat.pop(extra, "{}")).get("config", {})
+    return config, {key[len(prefix) :]: tensor for key, tensor in flat.items()}
+
+
+def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:
+    """The entries of checkpoint `path` (not verified), flat (`<part>.<key>...` -> value),
+    tensors whole and on CPU, in one process: for tools and tests."""
     reader = dcp.FileSystemReader(path)
     # The metadata knows every tensor's full shape: allocate them empty and let DCP fill them,
     # assembling the shards written by each rank.
-    prefix, wanted = f"{model_part}.model.", {}
+    flat = {}
     for key, meta in reader.read_metadata().state_dict_metadata.items():
-        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata):
-            wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-        elif key == f"{train_part}.extra" and isinstance(meta, BytesStorageMetadata):
-            wanted[key] = ""
+        if wanted(key) and isinstance(meta, TensorStorageMetadata):
+            flat[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        elif wanted(key) and isinstance(meta, BytesStorageMetadata):
+            flat[key] = None
     _single_process_is_intended()
-    dcp.load(wanted, storage_reader=reader, no_dist=True)
-    extra = json.loads(wanted.pop(f"{train_part}.extra", "{}"))
-    state = {key[len(prefix) :]: tensor for key, tensor in wanted.items()}
-    return extra.get("config", {}), state
+    dcp.load(flat, storage_reader=reader, no_dist=True)
+    return flat
 
 
 def export_model(run_dir: Path, out: Path) -> Path:
