@@ -351,9 +351,16 @@ class CheckpointManager:
         self._finish_pending(block=True)
         found = None
         if self.rank == 0:  # one view of the directory for every rank
-            found = [(s, is_complete(self.path(s))) for s in _all_steps(self.directory)[::-1]]
+            steps = _all_steps(self.directory)[::-1]
+            found = [(s, is_complete(self.path(s))) for s in steps]
+            old_format = sorted(p.name for p in self.directory.glob("step-*.pt"))
+            if old_format and not any(complete for _, complete in found):
+                found = f"{old_format[-1]} is a checkpoint of an older version of this code"
+        found = self._broadcast(found)
+        if isinstance(found, str):
+            raise CheckpointError(f"{self.directory}: {found}; move it away to start a new run")
         problems = []
-        for step, complete in self._broadcast(found):
+        for step, complete in found:
             path = self.path(step)
             if not complete:
                 if self.rank == 0:  # every rank knows, one says it
