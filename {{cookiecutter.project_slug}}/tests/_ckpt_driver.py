@@ -33,6 +33,7 @@ from {{ cookiecutter.package_name }}.checkpoint import (
     ModelAndOptimizer,
     RNGState,
     TrainState,
+    check_replicas,
 )
 
 
@@ -119,6 +120,8 @@ def main(mode: str, root: Path) -> None:
             for step in range(1, 5):
                 train_step(model, optimizer, scheduler, step, rank)
                 if step % 2 == 0:
+                    if kind == "ddp":
+                        check_replicas(model)
                     train.step, train.extra = step, {"world_size": world}
                     manager.save(step)
             manager.wait()
@@ -129,7 +132,15 @@ def main(mode: str, root: Path) -> None:
             resumed["rng_note"] = parts["rng"].note
             resumed["extra"] = train.extra
         train_step(model, optimizer, scheduler, 5, rank)
-        record(name, **resumed, after=full_state(model, optimizer))
+        resumed["after"] = full_state(model, optimizer)
+        if mode == "load" and kind == "ddp" and world == 2:  # replicas made to diverge
+            with torch.no_grad():
+                next(model.parameters()).add_(float(rank))
+            try:
+                check_replicas(model)
+            except RuntimeError as err:
+                resumed["replicas"] = str(err)
+        record(name, **resumed)
     if mode == "save" and dist.is_initialized():  # killed after async_save returned, before
         # the write is complete
         train.step = 6

@@ -166,3 +166,10 @@ def test_corrupt_file_found_by_another_rank_skips_the_checkpoint_on_all(runs):
     for rank in (0, 1):
         assert record(root, f"load-w2-corrupt-into-ddp-rank{rank}")["step"] == 2
     assert "__0_0.distcp does not match its sha256" in logs["load", 2][0]
+
+
+def test_diverged_replicas_are_refused(runs):
+    root, _ = runs
+    for rank in (0, 1):
+        loaded = record(root, f"load-w2-ddp-into-ddp-rank{rank}")
+        assert "model replicas differ between ranks" in loaded["replicas"]

@@ -435,6 +435,16 @@ def _all_gather(obj: Any, group) -> list:
     return out
 
 
+def check_replicas(model: torch.nn.Module) -> None:
+    """DDP: all ranks must hold the same weights (DCP writes each replicated tensor from one of
+    them). They diverge only through a bug, e.g. rank-dependent code around `no_sync`; fail
+    loudly instead of saving. Collective. Not for FSDP, whose ranks hold different shards."""
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+    sums = _all_gather(checksum, None)
+    if len(set(sums)) > 1:
+        raise RuntimeError(f"model replicas differ between ranks (parameter sums {sums})")
+
+
 def describe(err: BaseException) -> str:
     """One line: DCP wraps each rank's exception, with its traceback, in a CheckpointException."""
     if isinstance(err, CheckpointException) and err.failures:
