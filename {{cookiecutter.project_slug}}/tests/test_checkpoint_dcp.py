@@ -5,6 +5,7 @@ and every rank's random states come back. The ranks run tests/_ckpt_driver.py.""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -92,6 +93,12 @@ def runs(tmp_path_factory):
         _ckpt_driver.main("save", root)  # in this process, without a process group
     logs = {}
     for mode, world, expected in (("save", 2, -9), ("load", 1, 0), ("load", 2, 0)):
+        if mode == "load" and world == 2:  # damage a file that rank 1 verifies, rank 0 wrote
+            shutil.copytree(root / "ddp", root / "corrupt")
+            shard = root / "corrupt" / "step-00000004" / "__0_0.distcp"
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2 : len(data) // 2 + 256] = b"\xff" * 256
+            shard.write_bytes(bytes(data))
         results = launch(mode, root, world)
         logs[mode, world] = [output for _, output in results]
         statuses = [status for status, _ in results]
@@ -152,3 +159,17 @@ def test_load_model_state_assembles_the_shards(runs):
     saved = record(root, "save-w2-fsdp-into-fsdp-rank0")
     assert config == {}  # the driver saves no config
     assert_same(saved["state"]["model"], state, "model")
+
+
+def test_corrupt_file_found_by_another_rank_skips_the_checkpoint_on_all(runs):
+    root, logs = runs
+    for rank in (0, 1):
+        assert record(root, f"load-w2-corrupt-into-ddp-rank{rank}")["step"] == 2
+    assert "__0_0.distcp does not match its sha256" in logs["load", 2][0]
+
+
+def test_diverged_replicas_are_refused(runs):
+    root, _ = runs
+    for rank in (0, 1):
+        loaded = record(root, f"load-w2-ddp-into-ddp-rank{rank}")
+        assert "model replicas differ between ranks" in loaded["replicas"]
