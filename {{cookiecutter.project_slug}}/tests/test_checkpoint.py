@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import assert_identical
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.checkpoint import (
@@ -77,22 +78,6 @@ class Run:
         return [torch.rand(3), random.random(), self.np_rng.random()]
 
 
-def assert_same(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple) and len(a) == len(b), f"{where}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.fixture
 def warnings_log(caplog, monkeypatch):
     """The package's warnings, also where its logger does not propagate (configure_logging)."""
@@ -129,8 +114,8 @@ def test_round_trip_restores_every_part(tmp_path, async_save):
 
     other = Run(tmp_path, seed=1)  # different weights and random states
     assert other.manager.load_latest() == 3
-    assert_same(saved, other.snapshot())
-    assert_same(expected, other.draws(), "random draws")
+    assert_identical(saved, other.snapshot())
+    assert_identical(expected, other.draws(), "random draws")
 
 
 def test_poll_reports_each_completed_save_once(tmp_path):
@@ -159,7 +144,7 @@ def test_incomplete_checkpoint_is_skipped(tmp_path, warnings_log):
     assert other.manager.load_latest() == 1
     assert "skipping incomplete checkpoint" in warnings_log.text
     assert "step-00000002" in warnings_log.text
-    assert_same(saved, other.snapshot())
+    assert_identical(saved, other.snapshot())
 
 
 def test_only_incomplete_checkpoints_start_a_new_run(tmp_path, warnings_log):
@@ -187,7 +172,7 @@ def test_bit_flips_in_tensor_data_are_detected(tmp_path, warnings_log):
     assert other.manager.load_latest() == 1
     assert "__0_0.distcp does not match its sha256" in warnings_log.text
     assert "step-00000002" in warnings_log.text
-    assert_same(saved, other.snapshot())
+    assert_identical(saved, other.snapshot())
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
@@ -299,7 +284,7 @@ def test_rank_without_saved_random_state_is_reseeded_deterministically(monkeypat
         reseeded.load_state_dict(saved)
         draws.append([torch.rand(3), reseeded.np_rng.random()])
     assert "rank 1 has none and is reseeded" in reseeded.note
-    assert_same(draws[0], draws[1], "reseeded draws")
+    assert_identical(draws[0], draws[1], "reseeded draws")
     assert not torch.equal(draws[0][0], rank0[0])
 
 
@@ -315,16 +300,16 @@ def test_load_model_state_and_export(tmp_path):
 
     config, state = checkpoint.load_model_state(run_dir)
     assert config == {"hidden_dim": 16}
-    assert_same(run.model.state_dict(), state)
+    assert_identical(run.model.state_dict(), state)
     _, state = checkpoint.load_model_state(run_dir / "checkpoints" / "step-00000001")
-    assert_same(first, state)
+    assert_identical(first, state)
     flat = checkpoint.read_checkpoint(run_dir / "checkpoints" / "step-00000002")
     assert flat["train.step"] == 2 and flat["scheduler.last_epoch"] == 2
     exp_avg = run.optimizer.state[run.model[0].weight]["exp_avg"]
-    assert_same(exp_avg, flat["app.optim.state.0.weight.exp_avg"])
+    assert_identical(exp_avg, flat["app.optim.state.0.weight.exp_avg"])
 
     out = checkpoint.export_model(run_dir, tmp_path / "export" / "model.pt")
-    assert_same(run.model.state_dict(), torch.load(out, weights_only=True))
+    assert_identical(run.model.state_dict(), torch.load(out, weights_only=True))
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.pt"]  # no temp files left
 
 
@@ -346,7 +331,7 @@ def test_export_safetensors(tmp_path):
     run.train.extra = {"config": {"hidden_dim": 16}}
     run.save()
     out = checkpoint.export_model(tmp_path / "run", tmp_path / "model.safetensors")
-    assert_same(run.model.state_dict(), safetensors_torch.load_file(out))
+    assert_identical(run.model.state_dict(), safetensors_torch.load_file(out))
     with safetensors_torch.safe_open(out, "pt") as f:
         assert json.loads(f.metadata()["config"]) == {"hidden_dim": 16}
 
