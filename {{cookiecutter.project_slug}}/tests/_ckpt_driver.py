@@ -33,6 +33,7 @@ from {{ cookiecutter.package_name }}.checkpoint import (
     ModelAndOptimizer,
     RNGState,
     TrainState,
+    check_replicas,
 )
 
 
@@ -98,6 +99,7 @@ def main(mode: str, root: Path) -> None:
         runs.append(("fsdp", "plain", False))  # an FSDP checkpoint into an unwrapped model
     if mode == "load" and world == 2:
         runs.append(("single", "ddp", False))  # written by one process without a group
+        runs.append(("corrupt", "ddp", False))  # step 4 damaged by the test
     managers = []
     for directory, kind, async_save in runs:
         model, optimizer, scheduler = build(kind, world)
@@ -118,6 +120,8 @@ def main(mode: str, root: Path) -> None:
             for step in range(1, 5):
                 train_step(model, optimizer, scheduler, step, rank)
                 if step % 2 == 0:
+                    if kind == "ddp":
+                        check_replicas(model)
                     train.step, train.extra = step, {"world_size": world}
                     manager.save(step)
             manager.wait()
@@ -128,7 +132,15 @@ def main(mode: str, root: Path) -> None:
             resumed["rng_note"] = parts["rng"].note
             resumed["extra"] = train.extra
         train_step(model, optimizer, scheduler, 5, rank)
-        record(name, **resumed, after=full_state(model, optimizer))
+        resumed["after"] = full_state(model, optimizer)
+        if mode == "load" and kind == "ddp" and world == 2:  # replicas made to diverge
+            with torch.no_grad():
+                next(model.parameters()).add_(float(rank))
+            try:
+                check_replicas(model)
+            except RuntimeError as err:
+                resumed["replicas"] = str(err)
+        record(name, **resumed)
     if mode == "save" and dist.is_initialized():  # killed after async_save returned, before
         # the write is complete
         train.step = 6

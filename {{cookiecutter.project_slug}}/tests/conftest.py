@@ -82,6 +82,18 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives rank `rank` of `world` on this machine."""
+    return clean_env() | {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 class Ranks:
     """`world` processes of `python -m <package> ...`, output in `<log_dir>/rank<i>.log`."""
 
@@ -91,14 +103,7 @@ class Ranks:
         port = free_port()
         self.procs = []
         for rank in range(world):
-            env = clean_env() | {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
+            env = rank_env(rank, world, port)
             with open(self.log_dir / f"rank{rank}.log", "w") as out:
                 self.procs.append(
                     subprocess.Popen(

@@ -1,97 +1,351 @@
-"""Checkpoint files, fallback on corrupt files, incompatible resume, checkpoint interval."""
+"""Checkpoints in one process (no process group): round trip of every part, async snapshots,
+fallback past incomplete and corrupt checkpoints, retention, export, and the save interval.
+Multi-rank checkpoints: test_checkpoint_dcp.py.
 
-import shutil
+`python tests/test_checkpoint.py` prints the stall of a synchronous and an asynchronous save."""
 
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import sys
+import time
+
+import numpy as np
 import pytest
 import torch
-from conftest import TINY, assert_same_training_state, checkpoint_steps
+import torch.distributed.checkpoint as dcp
+from conftest import assert_identical
 
 from {{ cookiecutter.package_name }} import checkpoint
-from {{ cookiecutter.package_name }}.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.train import train
-
-SHORT = [*TINY, "max_steps=40"]
-
-
-def run_here(run_dir, *extra) -> int:
-    return train(load_config(None, [*SHORT, f"run_dir={run_dir}", *extra]))
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A finished single-process run (checkpoints at 20, 30, 40), run in this process."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_END_TIME"):
-            mp.delenv(key, raising=False)
-        assert run_here(run_dir) == 0
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    return run_dir
+from {{ cookiecutter.package_name }}.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    ModelAndOptimizer,
+    RNGState,
+    TrainState,
+)
 
 
-def test_truncated_newest_checkpoint_falls_back_to_previous(
-    finished_run, tmp_path, single_process, capsys
-):
+class Run:
+    """A small model with dropout, its optimizer and scheduler, registered as checkpoint parts."""
+
+    def __init__(self, directory, keep=3, async_save=False, seed=0, hidden=16):
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(8, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(hidden, 4),
+        )
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.01)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1 / (1 + s))
+        self.np_rng = np.random.default_rng(seed + 1)
+        self.train = TrainState()
+        self.rng = RNGState(self.np_rng, seed=seed)
+        parts = {
+            "app": ModelAndOptimizer(self.model, self.optimizer),
+            "scheduler": self.scheduler,
+            "train": self.train,
+            "rng": self.rng,
+        }
+        self.manager = CheckpointManager(directory, parts, keep=keep, async_save=async_save)
+
+    def step(self, n=1):
+        for _ in range(n):
+            self.model(torch.randn(8, 8)).square().mean().backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.train.step += 1
+
+    def save(self):
+        return self.manager.save(self.train.step)
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "train": (self.train.step, self.train.extra),
+            }
+        )
+
+    def draws(self) -> list:
+        return [torch.rand(3), random.random(), self.np_rng.random()]
+
+
+@pytest.fixture
+def warnings_log(caplog, monkeypatch):
+    """The package's warnings, also where its logger does not propagate (configure_logging)."""
+    monkeypatch.setattr(checkpoint.log, "propagate", True)
+    caplog.set_level(logging.WARNING, logger=checkpoint.log.name)
+    return caplog
+
+
+def flip_tensor_bytes(path, tensor: torch.Tensor) -> None:
+    """256 bytes of 0xFF over `tensor`'s data inside a DCP file (a NaN for torch.load)."""
+    data = bytearray(path.read_bytes())
+    where = data.find(tensor.detach().numpy().tobytes())
+    assert where >= 0 and tensor.nbytes >= 256
+    data[where : where + 256] = b"\xff" * 256
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_round_trip_restores_every_part(tmp_path, async_save):
+    run = Run(tmp_path, async_save=async_save)
+    run.step(3)
+    run.train.extra = {"config": {"lr": 0.01}, "dataset": "abc123"}
+    saved = run.snapshot()
+    stats = run.save()
+    expected = run.draws()  # what a resumed run must draw next
+    with torch.no_grad():  # training goes on while an async write is in flight
+        for p in run.model.parameters():
+            p.add_(1.0)
+    done = run.manager.wait()
+    assert [s.step for s in done] == [3] and done[0].write_s >= done[0].stall_s > 0
+    if not async_save:  # the loop waited for the whole write
+        assert stats.stall_s == stats.write_s == done[0].write_s
+    assert done[0].bytes > 0 and stats.asynchronous == async_save
+
+    other = Run(tmp_path, seed=1)  # different weights and random states
+    assert other.manager.load_latest() == 3
+    assert_identical(saved, other.snapshot())
+    assert_identical(expected, other.draws(), "random draws")
+
+
+def test_poll_reports_each_completed_save_once(tmp_path):
+    run = Run(tmp_path, async_save=True)
+    run.step()
+    assert run.save().write_s is None
+    run.step()
+    run.save()  # waits for the first write
+    assert [s.step for s in run.manager.poll()] == [1]
+    deadline = time.monotonic() + 30
+    while not (done := run.manager.poll()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [s.step for s in done] == [2] and run.manager.wait() == []
+    assert run.manager.save(2).write_s == 0.0  # already on disk: not written again
+
+
+def test_incomplete_checkpoint_is_skipped(tmp_path, warnings_log):
+    run = Run(tmp_path)
+    run.step()
+    run.save()
+    saved = run.snapshot()
+    run.step()
+    run.save()
+    (tmp_path / "step-00000002" / checkpoint.MARKER).unlink()  # as if killed mid-write
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    assert "skipping incomplete checkpoint" in warnings_log.text
+    assert "step-00000002" in warnings_log.text
+    assert_identical(saved, other.snapshot())
+
+
+def test_only_incomplete_checkpoints_start_a_new_run(tmp_path, warnings_log):
+    (tmp_path / "step-00000005").mkdir()
+    assert Run(tmp_path).manager.load_latest() is None
+    assert "step-00000005" in warnings_log.text
+
+
+def test_bit_flips_in_tensor_data_are_detected(tmp_path, warnings_log):
+    run = Run(tmp_path)
+    run.step()
+    run.save()
+    saved = run.snapshot()
+    run.step()
+    run.save()
+    shard = tmp_path / "step-00000002" / "__0_0.distcp"
+    flip_tensor_bytes(shard, run.model[0].weight)
+
+    # Without the checksums the damage would load silently, as NaN weights.
+    raw = {"app.model.0.weight": torch.empty(16, 8)}
+    dcp.load(raw, checkpoint_id=tmp_path / "step-00000002", no_dist=True)  # no checks
+    assert raw["app.model.0.weight"].isnan().any()
+
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    assert "__0_0.distcp does not match its sha256" in warnings_log.text
+    assert "step-00000002" in warnings_log.text
+    assert_identical(saved, other.snapshot())
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_damaged_files_are_named(tmp_path, warnings_log, damage):
+    run = Run(tmp_path)
+    run.step()
+    run.save()
+    run.step()
+    run.save()
+    shard = tmp_path / "step-00000002" / "__0_0.distcp"
+    if damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:100])
+        message = "__0_0.distcp has 100 bytes"
+    else:
+        shard.unlink()
+        message = "__0_0.distcp is missing"
+    assert Run(tmp_path, seed=1).manager.load_latest() == 1
+    assert message in warnings_log.text
+
+
+def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    run = Run(tmp_path)
+    for _ in range(3):
+        run.step()
+        run.save()
+        flip_tensor_bytes(
+            tmp_path / f"step-{run.train.step:08d}" / "__0_0.distcp", run.model[0].weight
+        )
+    with pytest.raises(
+        CheckpointError, match=r"no checkpoint .* can be loaded \(3 complete, all refused"
+    ) as err:
+        Run(tmp_path, seed=1).manager.load_latest()
+    assert all(f"step-0000000{s}: file __0_0.distcp" in str(err.value) for s in (1, 2, 3))
+
+
+def test_single_file_checkpoint_of_the_previous_version_is_not_ignored(tmp_path):
+    (tmp_path / "step-00000040.pt").write_bytes(b"old format")
+    with pytest.raises(CheckpointError, match="step-00000040.pt is a checkpoint of an older"):
+        Run(tmp_path).manager.load_latest()
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    run = Run(tmp_path)
+    run.step()
+    run.save()
+    with pytest.raises(CheckpointError, match="step-00000001: rank 0: ValueError: Size mismatch"):
+        Run(tmp_path, hidden=32).manager.load_latest()
+
+
+def test_keeps_the_newest_and_removes_stale_directories(tmp_path):
+    run = Run(tmp_path, keep=3)
+    for _ in range(5):
+        run.step()
+        run.save()
+    assert run.manager.steps() == [3, 4, 5]
+    # A write of step 6 killed earlier, and step 9 of a branch abandoned by a fallback.
+    (tmp_path / "step-00000006").mkdir()
+    (tmp_path / "step-00000006" / "__7_0.distcp").write_bytes(b"stale")
+    (tmp_path / "step-00000009").mkdir()
+    run.step()
+    run.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000004",
+        "step-00000005",
+        "step-00000006",
+    ]
+    assert not (tmp_path / "step-00000006" / "__7_0.distcp").exists()
+    assert Run(tmp_path, seed=1).manager.load_latest() == 6
+
+
+def test_failed_write_is_reported_and_leaves_no_checkpoint(tmp_path, monkeypatch):
+    def broken(path):
+        raise OSError("disk quota exceeded")
+
+    for async_save in (False, True):
+        directory = tmp_path / str(async_save)
+        run = Run(directory, async_save=async_save)
+        run.step()
+        monkeypatch.setattr(checkpoint, "file_record", broken)
+        with pytest.raises(CheckpointError, match="writing checkpoint .* disk quota exceeded"):
+            run.save()
+            run.manager.wait()
+        monkeypatch.undo()
+        assert run.manager.steps() == [] and Run(directory).manager.load_latest() is None
+
+
+def test_train_state_holds_json_and_matches_the_step(tmp_path):
+    run = Run(tmp_path)
+    run.train.extra = {"fingerprint": object()}
+    with pytest.raises(TypeError, match="TrainState.extra must hold JSON values"):
+        run.save()
+    run.train.extra = {}
+    with pytest.raises(ValueError, match=r"save\(7\) but parts\['train'\].step is 0"):
+        run.manager.save(7)
+
+
+def test_rank_without_saved_random_state_is_reseeded_deterministically(monkeypatch):
+    saved = RNGState(np.random.default_rng(0)).state_dict()  # written by one rank
+    restored = RNGState(np.random.default_rng(5))
+    restored.load_state_dict(saved)
+    assert restored.note is None
+    rank0 = [torch.rand(3), restored.np_rng.random()]
+
+    monkeypatch.setattr(checkpoint.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(checkpoint.dist, "get_rank", lambda: 1)  # a second rank now
+    draws = []
+    for _ in range(2):
+        reseeded = RNGState(np.random.default_rng(5), seed=3)
+        reseeded.load_state_dict(saved)
+        draws.append([torch.rand(3), reseeded.np_rng.random()])
+    assert "rank 1 has none and is reseeded" in reseeded.note
+    assert_identical(draws[0], draws[1], "reseeded draws")
+    assert not torch.equal(draws[0][0], rank0[0])
+
+
+def test_load_model_state_and_export(tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(finished_run, run_dir)
-    newest = run_dir / "checkpoints" / "step-00000040.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    assert run_here(run_dir) == 0
-    err = capsys.readouterr().err
-    assert "skipping unreadable checkpoint" in err and newest.name in err
-    assert "from checkpoint step 30" in err
-    assert_same_training_state(finished_run, run_dir, 40)  # redone from 30: the same weights
+    run = Run(run_dir / "checkpoints")
+    run.step()
+    run.save()
+    first = copy.deepcopy(run.model.state_dict())
+    run.step()
+    run.train.extra = {"config": {"hidden_dim": 16}}
+    run.save()
+
+    config, state = checkpoint.load_model_state(run_dir)
+    assert config == {"hidden_dim": 16}
+    assert_identical(run.model.state_dict(), state)
+    _, state = checkpoint.load_model_state(run_dir / "checkpoints" / "step-00000001")
+    assert_identical(first, state)
+    flat = checkpoint.read_checkpoint(run_dir / "checkpoints" / "step-00000002")
+    assert flat["train.step"] == 2 and flat["scheduler.last_epoch"] == 2
+    exp_avg = run.optimizer.state[run.model[0].weight]["exp_avg"]
+    assert_identical(exp_avg, flat["app.optim.state.0.weight.exp_avg"])
+
+    out = checkpoint.export_model(run_dir, tmp_path / "export" / "model.pt")
+    assert_identical(run.model.state_dict(), torch.load(out, weights_only=True))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.pt"]  # no temp files left
 
 
-def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(
-    finished_run, tmp_path, single_process
-):
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished_run, run_dir)
-    for path in (run_dir / "checkpoints").glob("*.pt"):
-        path.write_bytes(b"garbage")
-    with pytest.raises(RuntimeError, match="none of the checkpoints"):
-        run_here(run_dir)
+def test_export_refuses_bad_input(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"must end in \.pt or \.safetensors"):
+        checkpoint.export_model(tmp_path, tmp_path / "model.bin")
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        checkpoint.export_model(tmp_path, tmp_path / "model.pt")
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
+    with pytest.raises(CheckpointError, match="pip install safetensors"):
+        checkpoint.export_model(tmp_path, tmp_path / "model.safetensors")
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_incompatible_resume_is_refused_unless_forced(
-    finished_run, tmp_path, single_process, capsys
-):
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished_run, run_dir)
-    with pytest.raises(ConfigError, match=r"hidden_dim: 16 -> 32.*force_resume=true"):
-        run_here(run_dir, "hidden_dim=32")
-    with pytest.raises(ConfigError, match=r"lr: 0\.01 -> 0\.02"):
-        run_here(run_dir, "lr=0.02")
-    # keys that do not change the run are fine, force_resume continues anyway
-    assert run_here(run_dir, "log_every=7", "checkpoint_every=5") == 0
-    assert run_here(run_dir, "max_steps=50", "force_resume=true") == 0
-    assert "Continuing because force_resume=true" in capsys.readouterr().err
-    assert checkpoint_steps(run_dir)[-1] == 50
+def test_export_safetensors(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    run = Run(tmp_path / "run" / "checkpoints")
+    run.step()
+    run.train.extra = {"config": {"hidden_dim": 16}}
+    run.save()
+    out = checkpoint.export_model(tmp_path / "run", tmp_path / "model.safetensors")
+    assert_identical(run.model.state_dict(), safetensors_torch.load_file(out))
+    with safetensors_torch.safe_open(out, "pt") as f:
+        assert json.loads(f.metadata()["config"]) == {"hidden_dim": 16}
 
 
-def test_checkpoint_contents_and_retention(finished_run):
-    assert checkpoint_steps(finished_run) == [20, 30, 40]  # keep_checkpoints=3
-    state = torch.load(finished_run / "checkpoints" / "step-00000040.pt", weights_only=True)
-    assert state["step"] == 40 and state["world_size"] == 1
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
-    assert {"torch", "python", "numpy", "loader"} <= state["rng"][0].keys()
-    assert {"epoch", "batch_in_epoch"} == state["data"].keys()
-    assert state["config"]["hidden_dim"] == 16 and isinstance(state["torch_version"], str)
-    assert not list((finished_run / "checkpoints").glob(".*tmp*"))  # no temp files left
-
-
-def test_atomic_save_never_leaves_a_partial_file(tmp_path, monkeypatch):
-    target = tmp_path / "step-00000001.pt"
-
-    def crash(obj, f):
-        f.write(b"half")
+def test_atomic_write_never_leaves_a_partial_file(tmp_path):
+    def crash(tmp):
+        tmp.write_bytes(b"half")
         raise OSError("disk full")
 
-    monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError):
-        checkpoint.atomic_save({"model": {}, "step": 1}, target)
+        checkpoint.atomic_write(tmp_path / "COMPLETE.json", crash)
     assert list(tmp_path.iterdir()) == []
+    checkpoint.atomic_write_text(tmp_path / "COMPLETE.json", "{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["COMPLETE.json"]
 
 
 def test_git_commit_never_fails_without_git(monkeypatch):
@@ -120,9 +374,49 @@ def test_schedule_forms(monkeypatch):
 
     auto = checkpoint.CheckpointSchedule("auto", mtbf_hours=6)
     assert auto.due_by_time()  # nothing measured yet: save once to measure
-    auto.record_save(60.0)
+    auto.record_save(60.0)  # the stall, not the write, is what a save costs training
     clock[0] += 1600
     assert not auto.due_by_time()
     clock[0] += 20
     assert auto.due_by_time()
-    assert "Young/Daly" in auto.describe()
+    assert "Young/Daly" in auto.describe() and "stall 60.00 s" in auto.describe()
+
+    auto.record_save(0.01)  # async: tiny stall, but never save more often than a write takes
+    auto.record_write(120.0)
+    assert auto.interval_s() == 120.0
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def measure_stall(directory, megabytes: int = 64, saves: int = 3) -> None:
+    """Print the stall and write time of sync and async saves of a model of `megabytes` of
+    fp32 weights (plus twice that of AdamW state)."""
+    width = 1024
+    layers = max(1, megabytes * 2**20 // (4 * width * width))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, width)).sum().backward()
+    optimizer.step()
+    for async_save in (False, True):
+        train = TrainState()
+        parts = {"app": ModelAndOptimizer(model, optimizer), "train": train}
+        manager = CheckpointManager(
+            directory / str(async_save), parts, keep=2, async_save=async_save
+        )
+        for step in range(1, saves + 1):
+            train.step = step
+            stats = manager.save(step)
+            time.sleep(2.0)  # "training" while the write goes on
+            print(f"{'async' if async_save else 'sync '} save {step}: stall {stats.stall_s:.3f} s")
+        for done in manager.wait() + manager.poll():
+            print(f"  step {done.step}: written in {done.write_s:.3f} s, {done.bytes / 1e6:.0f} MB")
+        manager.close()
+
+
+if __name__ == "__main__":
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        measure_stall(Path(tmp), int(sys.argv[1]) if len(sys.argv) > 1 else 64)

@@ -4,43 +4,27 @@ and every rank's random states come back. The ranks run tests/_ckpt_driver.py.""
 
 from __future__ import annotations
 
-import os
-import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_identical, free_port, rank_env
 
 from {{ cookiecutter.package_name }} import checkpoint
 
 TESTS = Path(__file__).resolve().parent
 DRIVER = TESTS / "_ckpt_driver.py"
-TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TIMEOUT_S = 120  # two ranks save and load a few times
 
 
 def launch(mode: str, root: Path, world: int) -> list[tuple[int, str]]:
     """Run `world` driver ranks; (exit status, output) of each."""
     port, procs = free_port(), []
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    base = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
-    src = [str(TESTS.parent / "src"), base.get("PYTHONPATH")]
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, src))
-    base["OMP_NUM_THREADS"] = "1"
     for rank in range(world):
-        env = base | {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+        env = rank_env(rank, world, port)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(DRIVER), mode, str(root)],
@@ -62,23 +46,6 @@ def record(root: Path, name: str) -> dict:
     return torch.load(root / "out" / f"{name}.pt", weights_only=False)
 
 
-def assert_same(a, b, where: str = "state") -> None:
-    """Bit-for-bit equality of nested dicts/lists of tensors and plain values."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple) and len(a) == len(b), f"{where}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Checkpoints by one process (no group) and by 2 ranks, then loads with 1 and 2 ranks."""
@@ -92,6 +59,12 @@ def runs(tmp_path_factory):
         _ckpt_driver.main("save", root)  # in this process, without a process group
     logs = {}
     for mode, world, expected in (("save", 2, -9), ("load", 1, 0), ("load", 2, 0)):
+        if mode == "load" and world == 2:  # damage a file that rank 1 verifies, rank 0 wrote
+            shutil.copytree(root / "ddp", root / "corrupt")
+            shard = root / "corrupt" / "step-00000004" / "__0_0.distcp"
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2 : len(data) // 2 + 256] = b"\xff" * 256
+            shard.write_bytes(bytes(data))
         results = launch(mode, root, world)
         logs[mode, world] = [output for _, output in results]
         statuses = [status for status, _ in results]
@@ -116,8 +89,8 @@ def test_two_rank_checkpoint_loads_with_one_rank(runs, name):
     saved = record(root, f"save-w2-{name.split('-')[0]}-into-{name.split('-')[0]}-rank0")
     loaded = record(root, f"load-w1-{name}-rank0")
     assert loaded["step"] == 4 and loaded["extra"] == {"world_size": 2}
-    assert_same(saved["state"], loaded["state"])
-    assert_same(saved["draws"], loaded["draws"], "rank 0 random draws")
+    assert_identical(saved["state"], loaded["state"])
+    assert_identical(saved["draws"], loaded["draws"], "rank 0 random draws")
     assert loaded["rng_note"] is None
 
 
@@ -128,18 +101,18 @@ def test_two_rank_checkpoint_resumes_bit_identically_with_two_ranks(runs, name):
         saved = record(root, f"save-w2-{name}-rank{rank}")
         loaded = record(root, f"load-w2-{name}-rank{rank}")
         assert loaded["step"] == 4
-        assert_same(saved["draws"], loaded["draws"], f"rank {rank} random draws")
-        assert_same(saved["after"], loaded["after"], f"rank {rank} after one more step")
+        assert_identical(saved["draws"], loaded["draws"], f"rank {rank} random draws")
+        assert_identical(saved["after"], loaded["after"], f"rank {rank} after one more step")
         if rank == 0:
-            assert_same(saved["state"], loaded["state"])
+            assert_identical(saved["state"], loaded["state"])
 
 
 def test_one_process_checkpoint_loads_with_two_ranks_and_reseeds_the_new_rank(runs):
     root, logs = runs
     saved = record(root, "save-w1-single-into-ddp-rank0")
     first, second = (record(root, f"load-w2-single-into-ddp-rank{r}") for r in (0, 1))
-    assert_same(saved["state"], first["state"])
-    assert_same(saved["draws"], first["draws"], "rank 0 random draws")
+    assert_identical(saved["state"], first["state"])
+    assert_identical(saved["draws"], first["draws"], "rank 0 random draws")
     assert first["rng_note"] is None
     assert "rank 1 has none and is reseeded" in second["rng_note"]
     assert "reseeded" in logs["load", 2][1]
@@ -151,4 +124,18 @@ def test_load_model_state_assembles_the_shards(runs):
     config, state = checkpoint.load_model_state(root / "fsdp")
     saved = record(root, "save-w2-fsdp-into-fsdp-rank0")
     assert config == {}  # the driver saves no config
-    assert_same(saved["state"]["model"], state, "model")
+    assert_identical(saved["state"]["model"], state, "model")
+
+
+def test_corrupt_file_found_by_another_rank_skips_the_checkpoint_on_all(runs):
+    root, logs = runs
+    for rank in (0, 1):
+        assert record(root, f"load-w2-corrupt-into-ddp-rank{rank}")["step"] == 2
+    assert "__0_0.distcp does not match its sha256" in logs["load", 2][0]
+
+
+def test_diverged_replicas_are_refused(runs):
+    root, _ = runs
+    for rank in (0, 1):
+        loaded = record(root, f"load-w2-ddp-into-ddp-rank{rank}")
+        assert "model replicas differ between ranks" in loaded["replicas"]

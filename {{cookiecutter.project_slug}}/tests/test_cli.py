@@ -26,6 +26,20 @@ def test_benchmark_prints_one_json_line(single_process, capsys):
     assert 0 <= result["data_wait_fraction"] < 1
     assert result["steps"] == 10 and result["world_size"] == 1 and result["model"] == "gpt:tiny"
     assert "compile_on" not in result  # compared only on GPU unless asked
+    assert "checkpoint_sync_stall_s" not in result  # likewise
+
+
+def test_benchmark_times_sync_and_async_checkpoint_saves(tmp_path, single_process, capsys):
+    run_dir = tmp_path / "run"
+    argv = [*TINY, f"run_dir={run_dir}", "bench_warmup=1", "bench_steps=5", "bench_checkpoint=true"]
+    assert main(["benchmark", *argv]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["checkpoint_gib"] > 0
+    for mode in ("sync", "async"):
+        assert 0 < result[f"checkpoint_{mode}_stall_s"] <= result[f"checkpoint_{mode}_write_s"]
+    fraction = result["checkpoint_async_stall_s"] / result["checkpoint_sync_write_s"]
+    assert result["checkpoint_async_stall_fraction"] == pytest.approx(fraction)
+    assert not (run_dir / "benchmark-checkpoints").exists()  # measured, then removed
 
 
 def test_metrics_records_and_plot(tmp_path, single_process, capsys):

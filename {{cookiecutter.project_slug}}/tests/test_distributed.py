@@ -1,5 +1,9 @@
 """Rank/world/device resolution from torchrun and Slurm variables, node lists, srun check."""
 
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -78,6 +82,21 @@ def test_master_port_from_job_id_is_stable_and_below_ephemeral_range():
     ports = {distributed.port_from_job_id(str(j)) for j in range(100000, 100100)}
     assert len(ports) == 100 and all(15000 <= p < 30000 for p in ports)
     assert distributed.port_from_job_id("77") == distributed.port_from_job_id("77")
+
+
+@pytest.mark.parametrize("script", sorted((Path(__file__).parents[1] / "jobs").glob("*.sbatch")))
+def test_job_script_port_is_the_packages(script):
+    """The job script sets MASTER_PORT for torchrun; without it (plain srun) the package derives
+    the same port: the two formulas must not drift apart."""
+    (line,) = re.findall(r"^MASTER_PORT=.*$", script.read_text(), re.M)
+    for job_id in ("1", "14999", "15000", "123456789"):
+        out = subprocess.run(
+            ["bash", "-c", f'SLURM_JOB_ID={job_id}\n{line}\necho "$MASTER_PORT"'],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(out.stdout) == distributed.port_from_job_id(job_id), (script.name, job_id)
 
 
 def test_master_addr_and_port_from_env_take_precedence():

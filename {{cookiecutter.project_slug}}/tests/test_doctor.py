@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO, TIMEOUT_S, clean_env, free_port
+from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
 
 from {{ cookiecutter.package_name }} import doctor
 from {{ cookiecutter.package_name }}.doctor import FAIL, OK, WARN
@@ -31,14 +31,7 @@ def run_doctor(args: list[str], log_dir: Path, world: int = 2, extra_env=None):
     """`world` ranks of the doctor as gloo subprocesses; (exit codes, output of each rank)."""
     port, procs, logs = free_port(), [], []
     for rank in range(world):
-        env = clean_env() | {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+        env = rank_env(rank, world, port)
         logs.append(Path(log_dir) / f"doctor-rank{rank}.log")
         with open(logs[-1], "w") as out:
             cmd = [sys.executable, "-m", f"{PACKAGE}.doctor", "--device", "cpu", *args]

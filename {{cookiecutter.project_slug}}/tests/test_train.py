@@ -51,3 +51,18 @@ def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path, single_proce
     err = capsys.readouterr().err
     assert "is in use by job 4242" in err and "Traceback" not in err
     assert not (run_dir / "checkpoints").exists()  # nothing trained into it
+
+
+def test_a_run_whose_checkpoints_all_fail_to_load_stops_with_one_line(
+    tmp_path, single_process, capsys
+):
+    run_dir = tmp_path / "run"
+    argv = [*TINY, f"run_dir={run_dir}", "max_steps=4", "checkpoint_every=2"]
+    assert main(argv) == 0
+    for shard in (run_dir / "checkpoints").glob("step-*/*.distcp"):
+        shard.write_bytes(b"not a checkpoint")  # every complete checkpoint now fails its check
+    capsys.readouterr()
+    assert main([*argv, "max_steps=6"]) == 1  # not a silent fresh start
+    err = capsys.readouterr().err
+    assert "can be loaded" in err and "move them away" in err and "Traceback" not in err
+    assert checkpoint_steps(run_dir) == [2, 4]  # nothing was overwritten

@@ -7,19 +7,23 @@ schedule, loss bookkeeping, DDP/FSDP when there are several ranks). `ratio` is t
 (goal: <= 1.03). On CUDA, time is measured with a synchronisation at the ends of each block of
 steps only, so the CPU can run ahead as it does in training. MFU is model FLOPs per second over
 `peak_tflops`; `data_wait_fraction` is the share of the package's time spent waiting for input.
-With `bench_compare_compile=true` the other `compile` setting is measured too.
+With `bench_compare_compile=true` the other `compile` setting is measured too, and with
+`bench_checkpoint=true` what a checkpoint of this model costs training: the stall of a
+synchronous save (its whole write) against the stall of an asynchronous one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from . import distributed
+from . import checkpoint, distributed
 from .config import Config
 from .distributed import DistEnv
 from .model import build_model, loss_fn
@@ -92,6 +96,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
             ours.append(_block_time(package_step, device, BLOCK))
             bare.append(_block_time(bare_step, device, BLOCK))
         wait = inputs.wait_s - wait_before
+        saves = measure_checkpoint(run, cfg) if wanted(cfg.bench_checkpoint, device) else {}
     finally:
         inputs.close()
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
@@ -123,15 +128,47 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         result["mfu"] = run.flops_per_step / ours_s / peak
         result["bare_mfu"] = run.flops_per_step / bare_s / peak
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result | saves
+
+
+def wanted(setting: str, device: torch.device) -> bool:
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
+
+
+def measure_checkpoint(run, cfg: Config) -> dict:
+    """Two saves of the run's checkpoint (model, optimizer, ...) each way, under run_dir (the
+    file system training writes to); the second is timed: the first allocates buffers."""
+    directory = Path(cfg.run_dir) / "benchmark-checkpoints"
+    result = {}
+    for mode in ("sync", "async"):
+        ckpt = checkpoint.CheckpointManager(
+            directory / mode, run.checkpoint_parts(), keep=1, async_save=mode == "async"
+        )
+        try:
+            for step in (1, 2):
+                run.state.step = step
+                stall = ckpt.save(step).stall_s
+                (done,) = ckpt.wait()
+        finally:
+            ckpt.close()
+        result[f"checkpoint_{mode}_stall_s"] = stall
+        result[f"checkpoint_{mode}_write_s"] = done.write_s
+        result["checkpoint_gib"] = done.bytes / 2**30
+    result["checkpoint_async_stall_fraction"] = (
+        result["checkpoint_async_stall_s"] / result["checkpoint_sync_write_s"]
+    )
+    distributed.barrier()
+    if run.env.is_main:
+        shutil.rmtree(directory, ignore_errors=True)
     return result
 
 
 def benchmark(cfg: Config) -> dict:
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
         result = measure(cfg, env, dev)
-        compare = cfg.bench_compare_compile
-        if compare == "true" or (compare == "auto" and dev.type == "cuda"):
-            other = measure(dataclasses.replace(cfg, compile=not cfg.compile), env, dev)
+        if wanted(cfg.bench_compare_compile, dev):
+            other_cfg = dataclasses.replace(cfg, compile=not cfg.compile, bench_checkpoint="false")
+            other = measure(other_cfg, env, dev)
             on, off = (result, other) if cfg.compile else (other, result)
             keys = ("train_step_median_s", "bare_step_median_s", "ratio", "mfu", "bare_mfu")
             result["compile_on"] = {k: on[k] for k in keys if k in on}

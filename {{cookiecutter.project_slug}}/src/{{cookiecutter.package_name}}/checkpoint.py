@@ -31,7 +31,6 @@ import warnings
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -55,16 +55,10 @@ MARKER = "COMPLETE.json"
 NAME = re.compile(r"step-(\d{8})")
 CHUNK = 8 << 20  # bytes read at a time when checksumming
 
-# DCP warns on every save/load without a process group; a single process is intended here.
-SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
-warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)  # the background writes
 
-
-@contextmanager
-def _single_process_is_intended():
-    with warnings.catch_warnings():  # also where the filters were reset (e.g. under pytest)
-        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
-        yield
+def _single_process_is_intended() -> None:
+    """DCP warns at every save/load without a process group (also from its writer thread)."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or")
 
 
 class CheckpointError(RuntimeError):
@@ -213,6 +207,8 @@ class CheckpointManager:
             # DCP's own collectives go through a separate gloo group: async save needs a CPU
             # backend, and its background thread must not share NCCL with the training loop.
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        else:
+            _single_process_is_intended()
         self.rank = dist.get_rank() if self.group else 0
         self.world = dist.get_world_size() if self.group else 1
         self._pending: Future | None = None
@@ -252,10 +248,8 @@ class CheckpointManager:
         self._barrier()  # nobody writes into the directory while it is being removed
         path.mkdir(parents=True, exist_ok=True)
         if not self.async_save:
-            with _single_process_is_intended():
-                dcp.save(self.parts, checkpoint_id=path, **self._group_args())
-            stall = time.perf_counter() - started
-            self._completed.append(self._finish(step, started, stall, None))
+            dcp.save(self.parts, checkpoint_id=path, **self._group_args())
+            self._completed.append(self._finish(step, started, None, None))
             return self._completed[-1]
         upload = dcp.async_save(
             self.parts, checkpoint_id=path, storage_writer=self._writer, process_group=self.group
@@ -290,21 +284,27 @@ class CheckpointManager:
             pending, self._pending = self._pending, None
             self._completed.append(pending.result())  # re-raises a failed write
 
-    def _finish(self, step: int, started: float, stall: float, upload: Future | None) -> SaveStats:
+    def _finish(
+        self, step: int, started: float, stall: float | None, upload: Future | None
+    ) -> SaveStats:
         """Checksum (each rank the files it wrote), then rank 0 writes the marker and removes
         old checkpoints. Collective; runs in the background thread for async saves."""
-        path, error = self.path(step), None
+        path, error, names, mine = self.path(step), None, None, {}
+        # Errors are passed on, not raised, until every rank has taken part in each collective.
         try:
             if upload is not None:
                 upload.result()
-            names = self._broadcast(
-                sorted(p.name for p in path.iterdir()) if self.rank == 0 else None
-            )
-            mine = {
-                n: file_record(path / n) for n in names if _writer_of(n, self.world) == self.rank
-            }
-        except Exception as err:  # every rank still reaches the gather below
-            error, mine = f"{type(err).__name__}: {err}", {}
+            if self.rank == 0:
+                names = sorted(p.name for p in path.iterdir())
+        except (Exception, CheckpointException) as err:  # DCP's is not an Exception
+            error = describe(err)
+        names = self._broadcast(names)
+        try:
+            for name in names or []:
+                if not error and _writer_of(name, self.world) == self.rank:
+                    mine[name] = file_record(path / name)
+        except OSError as err:
+            error = describe(err)
         results = self._gather((error, mine))
         errors = [e for e, _ in results if e]
         if errors:
@@ -323,14 +323,15 @@ class CheckpointManager:
                 atomic_write_text(path / MARKER, json.dumps(marker, indent=1) + "\n")
                 self._prune(step)
             except OSError as err:
-                error = f"{type(err).__name__}: {err}"
+                error = describe(err)
         # Also a barrier: no rank exits (e.g. to be requeued) before the marker is durable.
         error = self._broadcast(error)
         if error:
             raise CheckpointError(f"writing checkpoint {path} failed: {error}")
         self._last_step = step
         size = sum(rec["size"] for rec in files.values())
-        return SaveStats(step, stall, time.perf_counter() - started, size, upload is not None)
+        write = time.perf_counter() - started
+        return SaveStats(step, write if stall is None else stall, write, size, upload is not None)
 
     def _prune(self, newest: int) -> None:
         """Keep `newest` and the keep-1 complete ones before it. Everything else goes: older
@@ -350,27 +351,36 @@ class CheckpointManager:
         self._finish_pending(block=True)
         found = None
         if self.rank == 0:  # one view of the directory for every rank
-            found = [(s, is_complete(self.path(s))) for s in _all_steps(self.directory)[::-1]]
+            steps = _all_steps(self.directory)[::-1]
+            found = [(s, is_complete(self.path(s))) for s in steps]
+            old_format = sorted(p.name for p in self.directory.glob("step-*.pt"))
+            if old_format and not any(complete for _, complete in found):
+                found = f"{old_format[-1]} is a checkpoint of an older version of this code"
+        found = self._broadcast(found)
+        if isinstance(found, str):
+            raise CheckpointError(f"{self.directory}: {found}; move it away to start a new run")
         problems = []
-        for step, complete in self._broadcast(found):
+        for step, complete in found:
             path = self.path(step)
             if not complete:
-                log.warning(
-                    "skipping incomplete checkpoint %s (no %s: its write did not finish)",
-                    path,
-                    MARKER,
-                )
+                if self.rank == 0:  # every rank knows, one says it
+                    log.warning(
+                        "skipping incomplete checkpoint %s (no %s: its write did not finish)",
+                        path,
+                        MARKER,
+                    )
                 continue
             problem = self._verify(path) or self._load(path)
             if problem is None:
                 self._last_step = step
                 return step
-            log.warning("skipping checkpoint %s: %s", path, problem)
+            if self.rank == 0:
+                log.warning("skipping checkpoint %s: %s", path, problem)
             problems.append(f"{path.name}: {problem}")
         if problems:
             raise CheckpointError(
-                f"none of the {len(problems)} complete checkpoints in {self.directory} can be "
-                f"loaded ({'; '.join(problems)}); move them away to start a new run"
+                f"no checkpoint in {self.directory} can be loaded ({len(problems)} complete, all "
+                f"refused: {'; '.join(problems)}); move them away to start a new run"
             )
         return None
 
@@ -390,11 +400,10 @@ class CheckpointManager:
 
     def _load(self, path: Path) -> str | None:
         try:
-            with _single_process_is_intended():
-                dcp.load(self.parts, checkpoint_id=path, **self._group_args())
+            dcp.load(self.parts, checkpoint_id=path, **self._group_args())
             problem = None
-        except Exception as err:
-            problem = " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        except (Exception, CheckpointException) as err:  # DCP's is not an Exception
+            problem = describe(err)
         found = [p for p in self._gather(problem) if p]
         return found[0] if found else None
 
@@ -424,6 +433,24 @@ def _all_gather(obj: Any, group) -> list:
     out: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def check_replicas(model: torch.nn.Module) -> None:
+    """DDP: all ranks must hold the same weights (DCP writes each replicated tensor from one of
+    them). They diverge only through a bug, e.g. rank-dependent code around `no_sync`; fail
+    loudly instead of saving. Collective. Not for FSDP, whose ranks hold different shards."""
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+    sums = _all_gather(checksum, None)
+    if len(set(sums)) > 1:
+        raise RuntimeError(f"model replicas differ between ranks (parameter sums {sums})")
+
+
+def describe(err: BaseException) -> str:
+    """One line: DCP wraps each rank's exception, with its traceback, in a CheckpointException."""
+    if isinstance(err, CheckpointException) and err.failures:
+        rank, (err, _) = next(iter(err.failures.items()))
+        return f"rank {rank}: {describe(err)}"
+    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
 def _writer_of(name: str, world: int) -> int:
@@ -464,12 +491,15 @@ def file_record(path: Path) -> dict:
 
 
 def _check_file(path: Path, expected: dict) -> str | None:
-    if not path.is_file():
-        return f"file {path.name} is missing"
-    if path.stat().st_size != expected["size"]:
-        return f"file {path.name} has {path.stat().st_size} bytes, {expected['size']} expected"
-    if file_record(path)["sha256"] != expected["sha256"]:
-        return f"file {path.name} does not match its sha256 checksum (corrupted)"
+    try:
+        if not path.is_file():
+            return f"file {path.name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"file {path.name} has {path.stat().st_size} bytes, {expected['size']} expected"
+        if file_record(path)["sha256"] != expected["sha256"]:
+            return f"file {path.name} does not match its sha256 checksum (corrupted)"
+    except OSError as err:
+        return f"file {path.name} cannot be read: {describe(err)}"
     return None
 
 
@@ -544,20 +574,27 @@ def _read_model(path: Path, parts: dict[str, str]) -> tuple[dict, dict]:
     train_part = next((n for n, kind in parts.items() if kind == "TrainState"), None)
     if model_part is None:
         raise CheckpointError(f"checkpoint {path} holds no ModelAndOptimizer part")
+    prefix, extra = f"{model_part}.model.", f"{train_part}.extra"
+    flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
+    config = json.loads(flat.pop(extra, "{}")).get("config", {})
+    return config, {key[len(prefix) :]: tensor for key, tensor in flat.items()}
+
+
+def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:
+    """The entries of checkpoint `path` (not verified), flat (`<part>.<key>...` -> value),
+    tensors whole and on CPU, in one process: for tools and tests."""
     reader = dcp.FileSystemReader(path)
     # The metadata knows every tensor's full shape: allocate them empty and let DCP fill them,
     # assembling the shards written by each rank.
-    prefix, wanted = f"{model_part}.model.", {}
+    flat = {}
     for key, meta in reader.read_metadata().state_dict_metadata.items():
-        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata):
-            wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-        elif key == f"{train_part}.extra" and isinstance(meta, BytesStorageMetadata):
-            wanted[key] = ""
-    with _single_process_is_intended():
-        dcp.load(wanted, storage_reader=reader, no_dist=True)
-    extra = json.loads(wanted.pop(f"{train_part}.extra", "{}"))
-    state = {key[len(prefix) :]: tensor for key, tensor in wanted.items()}
-    return extra.get("config", {}), state
+        if wanted(key) and isinstance(meta, TensorStorageMetadata):
+            flat[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        elif wanted(key) and isinstance(meta, BytesStorageMetadata):
+            flat[key] = None
+    _single_process_is_intended()
+    dcp.load(flat, storage_reader=reader, no_dist=True)
+    return flat
 
 
 def export_model(run_dir: Path, out: Path) -> Path:

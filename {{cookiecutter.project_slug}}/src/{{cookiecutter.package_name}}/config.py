@@ -95,6 +95,7 @@ class Config:
     bench_warmup: int = 10  # benchmark: warmup steps of each loop
     bench_steps: int = 60  # benchmark: measured steps of each loop
     bench_compare_compile: str = "auto"  # benchmark: also measure the other compile setting
+    bench_checkpoint: str = "auto"  # benchmark: time sync vs async checkpoint saves (auto: GPU)
 
 
 # Changing any of these changes the model, optimizer, data order or schedule, so a checkpoint
@@ -138,6 +139,7 @@ CHOICES = {
     "tracker": ("none", "tensorboard", "wandb"),
     "wandb_mode": ("offline", "online", "disabled"),
     "bench_compare_compile": ("auto", "true", "false"),
+    "bench_checkpoint": ("auto", "true", "false"),
 }
 # Inclusive bounds; values outside them are typos or would exhaust the machine.
 BOUNDS: dict[str, tuple[float, float]] = {

@@ -251,6 +251,29 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     )
 
 
+def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
+    """The run's checkpoints with the newest good one loaded, and the run recorded in them."""
+    cfg, env = run.cfg, run.env
+    ckpt = checkpoint.CheckpointManager(
+        Path(cfg.run_dir) / "checkpoints",
+        run.checkpoint_parts(),
+        keep=cfg.keep_checkpoints,
+        async_save=cfg.async_checkpoint == "true"
+        or (cfg.async_checkpoint == "auto" and run.device.type == "cuda"),
+    )
+    resume(run, ckpt)
+    run.state.extra.update(
+        config=dataclasses.asdict(cfg),
+        world_size=env.world_size,
+        data_fingerprint=run.source.info.fingerprint,
+        git_commit=checkpoint.git_commit(),
+        torch_version=str(torch.__version__),
+    )
+    if env.is_main:
+        save_config(cfg, Path(cfg.run_dir) / "config.toml")
+    return ckpt
+
+
 def record_written(done: list, schedule: checkpoint.CheckpointSchedule, meter) -> None:
     """Log the checkpoints whose writing completed: the stall the loop paid, the write time."""
     for stats in done:
@@ -268,24 +291,8 @@ def record_written(done: list, schedule: checkpoint.CheckpointSchedule, meter) -
 def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) -> int:
     run_dir = Path(cfg.run_dir)
     run = build(cfg, env, device)
-    ckpt = checkpoint.CheckpointManager(
-        run_dir / "checkpoints",
-        run.checkpoint_parts(),
-        keep=cfg.keep_checkpoints,
-        async_save=cfg.async_checkpoint == "true"
-        or (cfg.async_checkpoint == "auto" and device.type == "cuda"),
-    )
-    resume(run, ckpt)
+    ckpt = open_checkpoints(run)
     start = run.state.step
-    run.state.extra.update(
-        config=dataclasses.asdict(cfg),
-        world_size=env.world_size,
-        data_fingerprint=run.source.info.fingerprint,
-        git_commit=checkpoint.git_commit(),
-        torch_version=str(torch.__version__),
-    )
-    if env.is_main:
-        save_config(cfg, run_dir / "config.toml")
     eval_set = run.source.eval_batches(cfg.batch_size, env.rank, env.world_size, cfg.eval_batches)
     batches, inputs = input_pipeline(run, cfg.max_steps)
     schedule = checkpoint.CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
