@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,15 +55,21 @@ SUBMISSION_ENV_DIRS = {"RUN_DIR": "run", "DATA_DIR": "data", "SCRATCH": "scratch
 #    CONFIG: the CPU-sized GPT (configs/tiny.toml: 40 steps, checkpoints at 20 and 40).
 #    DATASET: one stdlib-bytes dataset for the session, made by the first job that needs it.
 #    DOCTOR=0 except where a test asserts the doctor's report (it adds a few seconds a job).
-SUBMISSION_ENV = {"CONFIG": "configs/tiny.toml", "DOCTOR": "0"}
+#    OMP_NUM_THREADS=1: the harness's node claims 72 cores per task (--cpus-per-task=72) but
+#    this machine has 2; the doctor would rightly report 72 threads per rank as oversubscribed.
+SUBMISSION_ENV = {"CONFIG": "configs/tiny.toml", "DOCTOR": "0", "OMP_NUM_THREADS": "1"}
 # 3. key=value training overrides after the script name (documented usage). device=cpu: the
 #    ranks share this machine's CPU and gloo even where a GPU is present.
 QUICK = ["device=cpu"]
 # ---------------------------------------------------------------------------------------------
 
 RANKS = 4  # --ntasks-per-node=4 (srun) or 4 torchrun workers (--gpus-per-node=4), one node
+# 4. Jobs that run the doctor use 2 ranks: this machine has 2 cores, and the doctor rightly fails
+#    4 ranks on them as oversubscribed. srun: 2 tasks; torchrun: 2 workers (--nproc-per-node
+#    follows the GPUs on the node).
+DOCTOR_SHAPE = {"srun": ["--ntasks-per-node=2"], "torchrun": ["--gpus-per-node=2"]}
 JOB_TIMEOUT = 300  # seconds from submission to the end of a job (about 30 s here)
-FAILURE_DEADLINE = 180  # a crashed rank must end the job this fast (dist_timeout_s is 900)
+FAILURE_DEADLINE = 180  # a crashed or stopped rank must end the job this fast
 SHIM_DIR = Path(__file__).resolve().parent / "slurm" / "failure_shim"
 
 
@@ -151,6 +158,7 @@ class Submission:
     repo: Repo
     job_id: int
     work: Path
+    ranks: int = RANKS
 
     @property
     def run_dir(self) -> Path:
@@ -187,15 +195,17 @@ def submit(
     work: Path,
     args: list[str],
     dataset: Path,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str | None] | None = None,
+    sbatch_args: tuple[str, ...] = (),
+    ranks: int = RANKS,
 ) -> Submission:
     """sbatch the generated script from the repository root, as the README says."""
     dirs = {key: str(work / sub) for key, sub in SUBMISSION_ENV_DIRS.items()}
     env = clean_env() | dirs | SUBMISSION_ENV | {"DATASET": str(dataset)} | (extra_env or {})
-    job_id = slurm.sbatch(
-        *SBATCH_OVERRIDES.get(repo.name, []), repo.script, *args, cwd=repo.path, env=env
-    )
-    return Submission(slurm, repo, job_id, work)
+    env = {key: value for key, value in env.items() if value is not None}  # None: unset it
+    options = [*SBATCH_OVERRIDES.get(repo.name, []), *sbatch_args]
+    job_id = slurm.sbatch(*options, repo.script, *args, cwd=repo.path, env=env)
+    return Submission(slurm, repo, job_id, work, ranks)
 
 
 @contextmanager
@@ -224,13 +234,13 @@ START_LINE = re.compile(
 
 
 def check_ranks_trained(sub: Submission, max_steps: int, starts: int = 1) -> None:
-    """RANKS processes joined one process group `starts` times and training reached the end."""
-    text = sub.text()
+    """sub.ranks processes joined one process group `starts` times and training reached the end."""
+    text, ranks = sub.text(), sub.ranks
     found = START_LINE.findall(text)
     expected_launcher = "env" if sub.repo.launcher == "torchrun" else "srun"
-    assert len(found) == RANKS * starts, f"start-up lines: {found}"
-    assert sorted(int(r[1]) for r in found) == sorted(list(range(RANKS)) * starts)
-    assert {(r[3], r[4]) for r in found} == {(str(RANKS), expected_launcher)}
+    assert len(found) == ranks * starts, f"start-up lines: {found}"
+    assert sorted(int(r[1]) for r in found) == sorted(list(range(ranks)) * starts)
+    assert {(r[3], r[4]) for r in found} == {(str(ranks), expected_launcher)}
     assert f"training finished at step {max_steps}" in text
     # metrics are all-reduced over the process group: throughput / throughput per rank = world
     records = [
@@ -240,17 +250,17 @@ def check_ranks_trained(sub: Submission, max_steps: int, starts: int = 1) -> Non
     ]
     train = [r for r in records if r["kind"] == "train"]
     assert train and train[-1]["step"] == max_steps
-    assert {round(r["tokens_per_s"] / r["tokens_per_s_per_rank"]) for r in train} == {RANKS}
+    assert {round(r["tokens_per_s"] / r["tokens_per_s_per_rank"]) for r in train} == {ranks}
 
 
 def check_checkpoint(sub: Submission, step: int) -> None:
-    """A complete DCP checkpoint of `step` written by all RANKS ranks (one shard file each)."""
+    """A complete DCP checkpoint of `step` written by all ranks (one shard file each)."""
     path = sub.run_dir / "checkpoints" / f"step-{step:08d}"
     marker = path / "COMPLETE.json"
     assert marker.is_file(), sorted(str(p.relative_to(sub.run_dir)) for p in sub.run_dir.rglob("*"))
     record = json.loads(marker.read_text())
-    assert record["step"] == step and record["world_size"] == RANKS
-    assert len(list(path.glob("*.distcp"))) == RANKS
+    assert record["step"] == step and record["world_size"] == sub.ranks
+    assert len(list(path.glob("*.distcp"))) == sub.ranks
 
 
 def check_log_path(sub: Submission, job: Job) -> None:
@@ -396,8 +406,10 @@ def test_a_job_can_requeue_itself(slurm, tmp_path):
 def test_job_trains_and_completes(slurm, repo, tmp_path, dataset, name, flavour):
     """configs/tiny.toml to the end; the dataset is made by the first job that needs it and the
     doctor checks all ranks first (srun and torchrun launch it as they launch training)."""
+    target = repo(name, flavour)
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
-    sub = submit(slurm, repo(name, flavour), tmp_path, QUICK, dataset, extra_env=doctor)
+    shape = DOCTOR_SHAPE[target.launcher]
+    sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
     with explained(sub):
         job = sub.wait()
         assert job.state == "COMPLETED" and job.exit_code == (0, 0)
@@ -406,10 +418,11 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset, name, flavour)
         made = re.findall(r"^\S*\s*wrote \d+ training and \d+ validation tokens", text, re.M)
         assert len(made) <= 1 and ("making the dataset" in text) == bool(made), made
         # the doctor's report (rank 0) precedes training, and it passed
-        doctor_line = f"doctor: {RANKS} rank(s) on 1 node(s)"
+        doctor_line = f"doctor: {sub.ranks} rank(s) on 1 node(s)"
         assert doctor_line in text and "doctor: 0 FAIL" in text, text[-3000:]
         assert text.index(doctor_line) < text.index("training finished")
-        assert f"dataset={dataset}" in (sub.run_dir / "config.toml").read_text().replace('"', "")
+        resolved = tomllib.loads((sub.run_dir / "config.toml").read_text())
+        assert resolved["dataset"] == str(dataset) and resolved["preset"] == "tiny"
         check_log_path(sub, job)
         check_ranks_trained(sub, max_steps=40)
         check_checkpoint(sub, 40)
@@ -424,11 +437,13 @@ def test_a_failing_doctor_stops_the_job(slurm, repo, tmp_path, dataset):
     not_a_dir = tmp_path / "not-a-directory"
     not_a_dir.write_text("")
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": f"--device cpu --data-dir {not_a_dir}"}
-    sub = submit(slurm, target, tmp_path, QUICK, dataset, extra_env=doctor)
+    shape = DOCTOR_SHAPE[target.launcher]
+    sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
     with explained(sub):
         job = sub.wait()
         text = sub.text()
         assert job.state == "FAILED" and job.exit_code[0] == 1
+        assert "FAIL  cpu" not in text, "only the data directory may fail"
         assert re.search(r"FAIL +data_dir .*not-a-directory", text), text[-3000:]
         assert "error: the doctor found a problem" in text and "DOCTOR=0" in text
         assert "starting a new run" not in text and "training finished" not in text
