@@ -199,7 +199,10 @@ def test_job_scripts_follow_answers(baked):
         assert d["signal"] == "USR2@180" and "requeue" in d and d["open-mode"] == "append"
         assert "environment" not in d  # never #SBATCH --environment
         assert "ulimit -c 0" in text
-        assert 'scontrol requeue "${SLURM_JOB_ID}"' in text
+        assert 'scontrol requeue "${job_ref}"' in text  # the job, or the array task
+        # one place for both flavours: the job script, not the EDF (it holds for uenv jobs too)
+        assert text.count("export TORCH_NCCL_ASYNC_ERROR_HANDLING=1") == 1
+        assert "srun_args=(--unbuffered --label --kill-on-bad-exit=1)" in text
         if a["launcher"] == "srun":
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("4", "72")
             assert "torch.distributed.run" not in text
@@ -233,7 +236,7 @@ def test_edf_matches_base_image(baked):
     assert edf["workdir"] == "${PWD}"
     assert "${PWD}" in edf["mounts"]
     assert not any(m.rstrip("/") in ("${HOME}", "/users", "$HOME") for m in edf["mounts"])
-    assert edf["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in edf["env"]  # the job script exports it
     assert edf["env"]["MPICH_GPU_SUPPORT_ENABLED"] == "0"
     assert not any(k.startswith(("NCCL_NET", "FI_CXI")) for k in edf["env"])
     ann = edf["annotations"]
@@ -418,3 +421,110 @@ def test_no_dangling_references(baked):
             refs |= set(CONTAINER_NAMES.findall(text))
         for ref in refs:
             assert (path / ref).exists(), f"{name}: {text_file.name} mentions missing {ref}"
+
+
+# each call's arguments, NUL-separated, in calls/<n> (an argument may hold newlines)
+RECORD = 'printf "%s\\0" "${0##*/}" "$@" > "${FAKE_CALLS}/$(ls "${FAKE_CALLS}" | wc -l)"\n'
+FAKE_SRUN = "#!/bin/bash\n" + RECORD + 'exit "${FAKE_SRUN_STATUS:-0}"\n'
+FAKE_SCONTROL = "#!/bin/bash\n" + "if [[ $1 == show ]]; then echo node1; exit; fi\n" + RECORD
+
+
+@pytest.fixture
+def fake_job(bake, tmp_path):
+    """fake_job(**env) runs the uenv job script of uenv-torchrun (daint: runs under ${SCRATCH})
+    as Slurm would start it, with srun and scontrol replaced by recorders; returns the process
+    and the recorded calls. The real-Slurm version of these cases is in test_slurm_e2e.py."""
+    baked = bake("uenv-torchrun")
+    repo = tmp_path / "work" / baked.name  # the job name is the repository's name
+    shutil.copytree(baked, repo)
+    venv_python = repo / ".venv-uenv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("#!/bin/sh\n")
+    venv_python.chmod(0o755)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake_bin / name).write_text(text)
+        (fake_bin / name).chmod(0o755)
+    calls = tmp_path / "calls"
+
+    def _run(**extra: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+        shutil.rmtree(calls, ignore_errors=True)
+        calls.mkdir()
+        env = {
+            "PATH": f"{fake_bin}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "USER": "u",
+            "SCRATCH": str(tmp_path / "scratch"),
+            "FAKE_CALLS": str(calls),
+            "SLURM_SUBMIT_DIR": str(repo),
+            "SLURM_JOB_NAME": repo.name,
+            "SLURM_JOB_ID": "42",
+            "SLURM_JOB_NODELIST": "node1",
+            "SLURM_CPUS_PER_TASK": "288",
+            "DATASET": "synthetic",
+            "DOCTOR": "0",
+            **extra,
+        }
+        proc = run(
+            ["bash", "jobs/train_uenv.sbatch", "max_steps=7"], cwd=repo, env=env, check=False
+        )
+        recorded = sorted(calls.iterdir(), key=lambda p: int(p.name))
+        return proc, [p.read_text().split("\0")[:-1] for p in recorded]
+
+    return _run
+
+
+def test_job_script_runs_array_tasks_as_runs_of_their_own(fake_job, tmp_path):
+    """Array task 1 (whose job id is the array's, as Slurm gives the last task) trains
+    <job name>-1 with its SWEEP line after the command line's overrides, and a stop for requeue
+    requeues 40_1, not the array 40; a plain job requeues itself; failures are not requeued."""
+    runs = tmp_path / "scratch" / "alps-torch-project" / "runs"
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("lr=1e-3 seed=1\nlr=3e-4 seed=2\n")
+    array_task = {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "40"}
+    proc, calls = fake_job(**array_task, SWEEP=str(sweep), FAKE_SRUN_STATUS="3")
+    assert proc.returncode == 0, proc.stderr
+    train = calls[0]
+    assert train[0] == "srun" and f"run_dir={runs}/alps-torch-project-1" in train
+    assert train[-3:] == ["max_steps=7", "lr=3e-4", "seed=2"]  # the task's line wins
+    assert calls[1:] == [["scontrol", "requeue", "40_1"]]
+    assert "requeueing job 40_1" in proc.stdout
+
+    proc, calls = fake_job(FAKE_SRUN_STATUS="3")  # not an array: the job itself
+    assert proc.returncode == 0 and f"run_dir={runs}/alps-torch-project" in calls[0]
+    assert calls[1:] == [["scontrol", "requeue", "42"]]
+
+    proc, calls = fake_job(**array_task, FAKE_SRUN_STATUS="1")  # a failure: no requeue
+    assert proc.returncode == 1 and len(calls) == 1
+    assert f"run_dir={runs}/alps-torch-project-1" in calls[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "0", "RUN_DIR": "/x/run"},
+            "error: RUN_DIR=/x/run would be shared by every task of the array; set RUN_NAME",
+        ),
+        (
+            {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2", "SWEEP": "{sweep}"},
+            "error: SWEEP={sweep} has no line 3 for array task 2",
+        ),
+        (
+            {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "0", "SWEEP": "{sweep}.missing"},
+            "error: SWEEP={sweep}.missing does not exist",
+        ),
+        ({"SWEEP": "{sweep}"}, "error: SWEEP={sweep} needs a job array: sbatch --array=0-N"),
+    ],
+    ids=["shared-run-dir", "short-sweep", "missing-sweep", "sweep-without-array"],
+)
+def test_job_script_refuses_bad_array_settings(fake_job, tmp_path, env, message):
+    """Each mistake ends the job at once with exit 2 and one line naming the variable."""
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("lr=1e-3\n\n")  # task 1's line is empty: no line for it either
+    env = {key: value.format(sweep=sweep) for key, value in env.items()}
+    proc, calls = fake_job(**env)
+    assert proc.returncode == 2 and calls == []
+    assert message.format(sweep=sweep) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

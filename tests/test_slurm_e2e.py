@@ -70,6 +70,7 @@ RANKS = 4  # --ntasks-per-node=4 (srun) or 4 torchrun workers (--gpus-per-node=4
 DOCTOR_SHAPE = {"srun": ["--ntasks-per-node=2"], "torchrun": ["--gpus-per-node=2"]}
 JOB_TIMEOUT = 300  # seconds from submission to the end of a job (about 30 s here)
 FAILURE_DEADLINE = 180  # a crashed or stopped rank must end the job this fast
+HANG_TIMEOUT_S = 20  # dist_timeout_s of the stopped-rank test (configs/tiny.toml: 60)
 SHIM_DIR = Path(__file__).resolve().parent / "slurm" / "failure_shim"
 
 
@@ -528,5 +529,96 @@ def test_a_crashing_rank_fails_the_job_without_hanging(
         assert job.state == "FAILED" and job.exit_code[0] != 0
         assert job.restarts == 0, "a crash must not be requeued"
         assert "RuntimeError: ALPS_E2E injected failure: rank 1, call 6" in text
+        assert "error: training failed (exit status" in text and "Not requeued." in text
         assert "training finished" not in text
         assert not (sub.run_dir / "REQUEUE").exists()
+
+
+def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(slurm, repo, tmp_path, dataset):
+    """Rank 1 is SIGSTOPped after 5 steps (alive but silent, as a rank hung in a driver call or a
+    dead file system): the others give up after dist_timeout_s, and the job ends FAILED, not
+    requeued, in about that time instead of holding the allocation until its time limit."""
+    target = repo("default", "container")
+    hang = {
+        "PYTHONPATH": str(SHIM_DIR),
+        "ALPS_E2E_FAIL_TARGET": f"{target.package}.train:train_step",
+        "ALPS_E2E_FAIL_RANK": "1",
+        "ALPS_E2E_FAIL_AFTER": "5",
+        "ALPS_E2E_FAIL_ACTION": "stop",
+    }
+    args = [*QUICK, f"dist_timeout_s={HANG_TIMEOUT_S}", "max_steps=100000", "checkpoint_every=0"]
+    sub = submit(slurm, target, tmp_path, args, dataset, extra_env=hang)
+    with explained(sub):
+        sub.wait_for_log(r"ALPS_E2E stopping rank 1")
+        stopped_at = time.monotonic()
+        job = sub.wait(timeout=FAILURE_DEADLINE)
+        waited = time.monotonic() - stopped_at
+        text = sub.text()
+        assert job.state == "FAILED" and job.exit_code[0] != 0
+        assert job.restarts == 0, "a hung rank must not be requeued"
+        # the peers' error names the timeout (gloo: "Timed out waiting ... for recv")
+        assert re.search(r"\[rank[023]\] .*ERROR failed", text), text[-4000:]
+        assert re.search(r"[Tt]imed? ?out", text), text[-4000:]
+        assert "error: training failed (exit status" in text and "Not requeued." in text
+        assert "training finished" not in text and not (sub.run_dir / "REQUEUE").exists()
+        print(f"stopped rank: job ended {waited:.0f} s after the SIGSTOP")
+
+
+def test_array_tasks_are_runs_of_their_own_preempted_and_resumed(slurm, repo, tmp_path, dataset):
+    """sbatch --array=0-1 with SWEEP=FILE: each task trains its own run (<job name>-<task>, its
+    line of overrides), is preempted (USR2), requeues itself, not the array (the last task has
+    the array's job id: requeueing that id would restart every task), and resumes its own run."""
+    target = repo("both-extended-srun", "uenv")  # santis: runs under ${SCRATCH}, which we set
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("seed=11 lr=3e-3\nseed=22 lr=1e-3\n")
+    extra = {"RUN_DIR": None, "SWEEP": str(sweep)}  # the default run directory, per task
+    # 2 ranks and 2 of the node's 4 GPUs a task: both tasks run at once (training uses the CPU)
+    shape = ("--array=0-1", "--ntasks-per-node=2", "--gpus-per-node=2")
+    sub = submit(slurm, target, tmp_path, PREEMPT, dataset, extra, shape, ranks=2)
+    array = sub.job_id
+    tasks = {task: f"{array}_{task}" for task in (0, 1)}
+    runs = tmp_path / "scratch" / target.slug / "runs"
+    try:
+        signalled: set[int] = set()
+        deadline = time.monotonic() + 2 * JOB_TIMEOUT
+        while len(signalled) < len(tasks):  # each task's first start gets USR2 once it trains
+            assert time.monotonic() < deadline, "the array tasks did not start training"
+            for task, ref in tasks.items():
+                job = slurm.job(ref)
+                log = job.stdout
+                if task in signalled or job.state != "RUNNING" or not (log and log.exists()):
+                    continue
+                if re.search(r"INFO step [1-9]\d*/", log.read_text(errors="replace")):
+                    slurm.run("scancel", "--signal=USR2", ref)
+                    signalled.add(task)
+            time.sleep(0.5)
+        ended = {task: slurm.wait(ref, timeout=JOB_TIMEOUT + 60) for task, ref in tasks.items()}
+        seeds = {}
+        for task, job in ended.items():
+            text = job.stdout.read_text(errors="replace")
+            run_dir = runs / f"{target.slug}-{task}"
+            assert job.state == "COMPLETED" and job.restarts == 1, (task, job.fields)
+            assert f"requeueing job {array}_{task}" in text
+            stopped = re.findall(r"\[rank0\] \S+ WARNING stopping at step (\d+)", text)
+            resuming = rf"WARNING RESUMING {re.escape(str(run_dir))} from checkpoint step (\d+)"
+            resumed = re.findall(r"\[rank0\] \S+ " + resuming, text)
+            assert len(stopped) == 1 and resumed == stopped, (task, stopped, resumed)
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines if line.strip()]
+            saves = [r["step"] for r in records if r["kind"] == "checkpoint"]
+            assert saves == [int(stopped[0]), PREEMPT_STEPS], (task, saves)
+            assert (
+                run_dir / "checkpoints" / f"step-{PREEMPT_STEPS:08d}" / "COMPLETE.json"
+            ).is_file()
+            seeds[task] = tomllib.loads((run_dir / "config.toml").read_text())["seed"]
+        assert seeds == {0: 11, 1: 22}, "each task runs its own line of the sweep"
+        assert sorted(p.name for p in runs.iterdir()) == [f"{target.slug}-0", f"{target.slug}-1"]
+    except (AssertionError, TimeoutError) as exc:
+        details = "\n".join(slurm.diagnostics(ref) for ref in tasks.values())
+        raise AssertionError(f"{exc}\n\n{details}") from None
+    finally:
+        slurm.run("scancel", str(array), check=False)
+        for ref in tasks.values():
+            job_id = slurm.job(ref).fields.get("JobId", "")
+            for stray in slurm.kill_strays(int(job_id)) if job_id.isdigit() else []:
+                print(f"killed a process that outlived array task {ref}: {stray}")

@@ -6,10 +6,13 @@ training process. It does nothing unless ALPS_E2E_FAIL_TARGET is set:
 
     ALPS_E2E_FAIL_TARGET=<module>:<function>  function to wrap, e.g. mypkg.train:train_step
     ALPS_E2E_FAIL_RANK=<rank>                 only this rank fails (RANK, else SLURM_PROCID)
-    ALPS_E2E_FAIL_AFTER=<n>                   the (n+1)-th call raises (default 5)
+    ALPS_E2E_FAIL_AFTER=<n>                   the (n+1)-th call fails (default 5)
+    ALPS_E2E_FAIL_ACTION=raise|stop           how (default raise)
 
-The wrapped function raises RuntimeError("ALPS_E2E injected failure ...") on that call, as a
-bug in one rank would. The training package needs no hook for this.
+raise: the wrapped function raises RuntimeError("ALPS_E2E injected failure ...") on that call,
+as a bug in one rank would. stop: the process sends itself SIGSTOP, as a rank hung in a driver
+call or a dead file system would look: alive, silent, its peers waiting in a collective.
+The training package needs no hook for this.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import os
+import signal
 import sys
 
 _TARGET = os.environ.get("ALPS_E2E_FAIL_TARGET", "")
 _RANK = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+_ACTION = os.environ.get("ALPS_E2E_FAIL_ACTION", "raise")
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
@@ -52,7 +57,10 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
         def failing(*args, **kwargs):
             nonlocal calls
             calls += 1
-            if calls > self.after:
+            if calls > self.after and _ACTION == "stop":
+                print(f"ALPS_E2E stopping rank {_RANK} (SIGSTOP)", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif calls > self.after:
                 raise RuntimeError(
                     f"ALPS_E2E injected failure: rank {_RANK}, call {calls} of "
                     f"{self.module}.{self.function}"
@@ -61,7 +69,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         setattr(module, self.function, failing)
         print(
-            f"ALPS_E2E failure shim armed: rank {_RANK} fails in {self.module}."
+            f"ALPS_E2E failure shim armed: rank {_RANK} fails ({_ACTION}) in {self.module}."
             f"{self.function} after {self.after} calls",
             file=sys.stderr,
             flush=True,
