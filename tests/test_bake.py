@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -528,3 +529,118 @@ def test_job_script_refuses_bad_array_settings(fake_job, tmp_path, env, message)
     assert proc.returncode == 2 and calls == []
     assert message.format(sweep=sweep) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def text_files(root: Path) -> dict[str, str]:
+    files = {}
+    for rel in generated_files(root):
+        try:
+            files[rel] = (root / rel).read_text()
+        except UnicodeDecodeError:
+            continue
+    return files
+
+
+# The files of the job-script workstream; the layout is also in tools/alps_lint.py (the linter's
+# rule) and in the package's doctor message, which are not counted here.
+OWN_FILES = ("README.md", "Dockerfile", "container/", "jobs/", "scripts/")
+
+
+def test_each_fact_is_written_once(baked):
+    """The image file, the base image, the Lustre layout, TORCH_NCCL_ASYNC_ERROR_HANDLING and
+    the partition each live in one place of the generated repo; the rest reads them from there."""
+    name, path = baked
+    a = answers(name)
+    # the generated repo's own tests hold fixtures (test tables), not facts of this repo
+    files = {rel: text for rel, text in text_files(path).items() if not rel.startswith("tests/")}
+
+    def holders(fact: str, among=None) -> dict[str, int]:
+        return {
+            rel: text.count(fact)
+            for rel, text in files.items()
+            if fact in text and (among is None or rel.startswith(among))
+        }
+
+    if a["env_flavour"] != "uenv":
+        extended = a["container_base"] == "alps-extended"
+        tag = a["alps_extended_tag"] if extended else a["ngc_pytorch_tag"]
+        sqsh = f"{a['image_dir']}/{path.name}+{tag}.sqsh"
+        base = (
+            f"ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:{tag}"
+            if extended
+            else f"nvcr.io/nvidia/pytorch:{tag}-py3"
+        )
+        assert holders(sqsh) == {"container/edf.toml": 1}
+        assert holders(f"{path.name}+{tag}") == {"container/edf.toml": 1}
+        assert holders(base) == {"Dockerfile": 1}
+    assert holders(LUSTRE_LAYOUT, OWN_FILES) == {"scripts/stripe_lustre.sh": 1}
+    jobs = {rel for rel in files if rel.startswith("jobs/")}
+    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == dict.fromkeys(jobs, 1)
+    assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
+    if a["account"]:
+        assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)
+
+
+def test_helper_jobs_go_where_the_training_job_goes(bake, tmp_path):
+    """build_image.sh and setup_venv.sh (from a login node) run their one-task srun with the
+    account and partition of jobs/train_container.sbatch: edited there, they follow."""
+    repo = tmp_path / "repo"
+    shutil.copytree(bake("both-extended-srun"), repo)  # account a-g34, partition normal
+    job = repo / "jobs" / "train_container.sbatch"
+    job.write_text(job.read_text().replace("#SBATCH --partition=normal", "#SBATCH --partition=x1"))
+    fake_bin, calls = tmp_path / "bin", tmp_path / "calls"
+    fake_bin.mkdir()
+    calls.mkdir()
+    (fake_bin / "srun").write_text(FAKE_SRUN)
+    (fake_bin / "srun").chmod(0o755)
+    env = {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "USER": "u",
+        "SCRATCH": str(tmp_path / "scratch"),
+        "FAKE_CALLS": str(calls),
+    }
+    run(["bash", "scripts/build_image.sh"], cwd=repo, env=env)
+    run(["bash", "scripts/setup_venv.sh", "container"], cwd=repo, env=env)
+    build, setup = (
+        (calls / n).read_text().split("\0")[:-1] for n in sorted(os.listdir(calls), key=int)
+    )
+    assert build[:6] == [
+        "srun",
+        "--account=a-g34",
+        "--partition=x1",
+        "--nodes=1",
+        "--ntasks=1",
+        "--time=01:00:00",
+    ]
+    assert build[6:] == [str(repo / "scripts/build_image.sh")]
+    assert setup[:6] == [
+        "srun",
+        "--account=a-g34",
+        "--partition=x1",
+        "--nodes=1",
+        "--ntasks=1",
+        "--time=00:30:00",
+    ]
+    assert setup[6] == f"--environment={repo}/container/edf.toml"
+
+
+def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):
+    """A new FROM without a new image name in the EDF (a running job's image would be replaced
+    and the old venvs broken), or an image path with an unset variable: exit 2, one line."""
+    repo = tmp_path / "repo"
+    shutil.copytree(bake("default"), repo)  # NGC 25.06
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "USER": "u", "DRY_RUN": "1"}
+    dockerfile = repo / "Dockerfile"
+    original = dockerfile.read_text()
+    dockerfile.write_text(original.replace("pytorch:25.06-py3", "pytorch:25.11-py3"))
+    proc = run(
+        ["bash", "scripts/build_image.sh"], cwd=repo, env=env | {"SCRATCH": "/s"}, check=False
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "builds FROM ...:25.11 but container/edf.toml's image is" in proc.stderr
+    assert "name it <project>+25.11.sqsh there" in proc.stderr
+    dockerfile.write_text(original)
+    proc = run(["bash", "scripts/build_image.sh"], cwd=repo, env=env, check=False)  # no SCRATCH
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "container/edf.toml's image uses ${SCRATCH}, which is not set here" in proc.stderr

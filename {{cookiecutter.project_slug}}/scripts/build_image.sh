@@ -1,5 +1,4 @@
 {%- set cc = cookiecutter -%}
-{%- set tag = cc.alps_extended_tag if cc.container_base == "alps-extended" else cc.ngc_pytorch_tag -%}
 #!/bin/bash
 # Build the container image with podman and import it with enroot as the squashfs file that
 # container/edf.toml points to. Both steps run in ONE allocation on a compute node: podman's
@@ -10,9 +9,33 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-IMAGE_DIR="{{ cc.image_dir }}"
-IMAGE="{{ cc.project_slug }}:{{ tag }}"
-SQSH="${IMAGE_DIR}/{{ cc.project_slug }}+{{ tag }}.sqsh"
+# The image file is the one container/edf.toml runs (its `image` line, the one place to change
+# it). Its ${VAR}s are expanded here from the environment, as the Container Engine does.
+SQSH="$(sed -n -E 's/^image = "(.*)"$/\1/p' container/edf.toml)"
+if [[ "${SQSH}" != *.sqsh ]]; then
+    echo "error: container/edf.toml has no line image = \"<dir>/<name>.sqsh\" to build" >&2
+    exit 2
+fi
+while [[ "${SQSH}" =~ ^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)$ ]]; do
+    var="${BASH_REMATCH[2]}"
+    if [[ -z "${!var:-}" ]]; then
+        echo "error: container/edf.toml's image uses \${${var}}, which is not set here" >&2
+        exit 2
+    fi
+    SQSH="${BASH_REMATCH[1]}${!var}${BASH_REMATCH[3]}"
+done
+IMAGE_DIR="$(dirname "${SQSH}")"
+name="$(basename "${SQSH}" .sqsh)"  # <project>+<tag>
+IMAGE="${name/+/:}"                 # podman's name for it: <project>:<tag>
+# The file name carries the tag of the Dockerfile's FROM: a new base image is a new file, so a
+# running job never has its image replaced, and the venvs built on the old one stay usable.
+from_tag="$(sed -n -E 's/^FROM[[:space:]]+[^[:space:]]+:([^[:space:]]+).*/\1/p' Dockerfile | tail -n 1)"
+from_tag="${from_tag%-py3}"  # NGC tags: YY.MM-py3 -> YY.MM
+if [[ "${name}" != *"+${from_tag}" ]]; then
+    echo "error: the Dockerfile builds FROM ...:${from_tag} but container/edf.toml's image is" \
+        "${SQSH}: name it <project>+${from_tag}.sqsh there" >&2
+    exit 2
+fi
 
 run() {
     echo "+ $*"
@@ -20,8 +43,10 @@ run() {
 }
 
 if [[ -z "${SLURM_JOB_ID:-}" && -z "${DRY_RUN:-}" ]]; then
-    # On a login node: run this same script on a compute node.
-    exec srun {% if cc.account %}--account={{ cc.account }} {% endif %}--partition={{ cc.partition }} --nodes=1 --ntasks=1 --time=01:00:00 "${PWD}/scripts/build_image.sh" "$@"
+    # On a login node: run this same script on a compute node, where the training job runs (the
+    # account and partition of its #SBATCH lines: change them there).
+    mapfile -t where < <(sed -n -E 's/^#SBATCH (--(account|partition)=[^[:space:]]+).*/\1/p' jobs/train_container.sbatch)
+    exec srun "${where[@]}" --nodes=1 --ntasks=1 --time=01:00:00 "${PWD}/scripts/build_image.sh" "$@"
 fi
 
 # Podman keeps its storage in node-local memory (/dev/shm): not on Lustre or $HOME, whose file

@@ -50,8 +50,10 @@ if [[ ${here} -eq 0 ]]; then
     if [[ "${flavour}" == container ]]; then
         # The EDF mounts these; the Container Engine refuses to start if a mount source is missing.
         mkdir -p "{{ cookiecutter.data_dir }}" "{{ cookiecutter.checkpoint_dir }}"
-        # The Container Engine only runs under srun: a one-task job on a compute node.
-        exec srun {% if cookiecutter.account %}--account={{ cookiecutter.account }} {% endif %}--partition={{ cookiecutter.partition }} --nodes=1 --ntasks=1 --time=00:30:00 \
+        # The Container Engine only runs under srun: a one-task job on a compute node, where the
+        # training job runs (the account and partition of its #SBATCH lines: change them there).
+        mapfile -t where < <(sed -n -E 's/^#SBATCH (--(account|partition)=[^[:space:]]+).*/\1/p' jobs/train_container.sbatch)
+        exec srun "${where[@]}" --nodes=1 --ntasks=1 --time=00:30:00 \
             --environment="${PWD}/container/edf.toml" bash scripts/setup_venv.sh "${forward[@]}"
     fi
 {%- endif %}

@@ -7,7 +7,7 @@ set -euo pipefail
 # Progressive layout (CSCS storage guide, 2025-11): files up to 4 MB on 1 OST, up to 64 MB on 4,
 # the rest over 32 OSTs in 4 MB stripes. Older guides stripe over all OSTs (count -1: ~160 on
 # Capstor), which CSCS no longer recommends; uenv itself caps striping at 32.
-LAYOUT=(-E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M)
+LAYOUT=({{ cookiecutter._lustre_layout }})
 
 if [[ $# -gt 0 ]]; then
     dirs=("$@")
