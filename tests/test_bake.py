@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -426,7 +427,13 @@ def test_no_dangling_references(baked):
 
 # each call's arguments, NUL-separated, in calls/<n> (an argument may hold newlines)
 RECORD = 'printf "%s\\0" "${0##*/}" "$@" > "${FAKE_CALLS}/$(ls "${FAKE_CALLS}" | wc -l)"\n'
-FAKE_SRUN = "#!/bin/bash\n" + RECORD + 'exit "${FAKE_SRUN_STATUS:-0}"\n'
+# FAKE_MARKER: a file the step writes, as rank 0 writes <run_dir>/REQUEUE before it exits
+FAKE_SRUN = (
+    "#!/bin/bash\n"
+    + RECORD
+    + 'if [[ -n "${FAKE_MARKER:-}" ]]; then sleep 1; echo stop > "${FAKE_MARKER}"; fi\n'
+    + 'exit "${FAKE_SRUN_STATUS:-0}"\n'
+)
 FAKE_SCONTROL = "#!/bin/bash\n" + "if [[ $1 == show ]]; then echo node1; exit; fi\n" + RECORD
 
 
@@ -499,6 +506,19 @@ def test_job_script_runs_array_tasks_as_runs_of_their_own(fake_job, tmp_path):
     proc, calls = fake_job(**array_task, FAKE_SRUN_STATUS="1")  # a failure: no requeue
     assert proc.returncode == 1 and len(calls) == 1
     assert f"run_dir={runs}/alps-torch-project-1" in calls[0]
+    assert "error: training failed (exit status 1;" in proc.stderr
+
+
+def test_job_script_requeues_on_its_own_requeue_marker_only(fake_job, tmp_path):
+    """torchrun turns the workers' exit 3 into 1: the REQUEUE marker written during the step
+    requeues the job; a marker that was there before (another job's, on a run directory whose
+    LOCK refused this one) does not."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    proc, calls = fake_job(FAKE_SRUN_STATUS="1", FAKE_MARKER=str(marker))
+    assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
+    os.utime(marker, (time.time() - 60,) * 2)  # now it predates the next job's step
+    proc, calls = fake_job(FAKE_SRUN_STATUS="1")
+    assert proc.returncode == 1 and len(calls) == 1 and marker.exists()
 
 
 @pytest.mark.parametrize(
