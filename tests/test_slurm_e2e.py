@@ -7,7 +7,9 @@ container starts: every step runs the repo's venv on this machine's python3 (CPU
 
 Coverage: container+srun and uenv+torchrun are preempted (USR2 -> checkpoint -> scontrol requeue ->
 resume -> COMPLETED); uenv+srun and container+torchrun (Alps Extended Image: --mpi=pmix) run to
-completion; one rank raising an error ends the job FAILED (srun and torchrun).
+completion after the doctor; a failing doctor stops the job; one rank raising an error ends the
+job FAILED (srun and torchrun), and so does one SIGSTOPped rank, after dist_timeout_s; a 2-task
+job array is preempted and each task resumes its own run.
 Select with `-m slurm`, deselect with `-m "not slurm"`. Runs as root; skips (with the reason)
 where Slurm cannot start, unless ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
