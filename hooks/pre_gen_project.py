@@ -51,9 +51,9 @@ MAX_LENGTH = {
     "package_name": 64,
     "account": 64,
     "partition": 64,
-    "ngc_pytorch_tag": 5,
-    "alps_extended_tag": 24,
-    "uenv_image": 128,
+    "__ngc_pytorch_tag": 5,
+    "__alps_extended_tag": 24,
+    "__uenv_image": 128,
     "nodes": 4,
     "time_limit": 16,
     "image_dir": 255,
@@ -87,17 +87,31 @@ PATTERNS: dict[str, tuple[str, str]] = {
         "empty (your default account) or a Slurm account such as a-g34 or g34",
     ),
     "partition": (r"[A-Za-z0-9][A-Za-z0-9_-]*", "a Slurm partition name such as normal or debug"),
-    "ngc_pytorch_tag": (r"[0-9]{2}\.[0-9]{2}", "an NGC release YY.MM, e.g. 25.06"),
-    "alps_extended_tag": (
+    "__ngc_pytorch_tag": (r"[0-9]{2}\.[0-9]{2}", "an NGC release YY.MM, e.g. 25.06"),
+    "__alps_extended_tag": (
         r"[0-9]{2}\.[0-9]{2}-py3-alps[0-9]{1,3}",
         "YY.MM-py3-alpsN, e.g. 26.02-py3-alps6",
     ),
-    "uenv_image": (
+    "__uenv_image": (
         r"[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._+-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?",
         "a uenv label name/version[:tag], e.g. pytorch/v2.9.1:v1",
     ),
     "nodes": (r"[1-9][0-9]{0,3}", "a whole number of nodes from 1 to 9999"),
     **{field: (PATH_RE, PATH_FORM) for field in PATH_FIELDS},
+}
+# Values derived from the answers in cookiecutter.json (`__derived_*`) can be overridden on the
+# command line like any `__` key: they must still have the form their derivation gives.
+_TAG = rf"(?:{PATTERNS['__ngc_pytorch_tag'][0]}|{PATTERNS['__alps_extended_tag'][0]})"
+PATTERNS |= {
+    "__derived_image_tag": (_TAG, "derived from __ngc_pytorch_tag or __alps_extended_tag"),
+    "__derived_base_image": (
+        rf"(?:nvcr\.io/nvidia/pytorch:{_TAG}-py3|ghcr\.io/eth-cscs/alps-extended-images/ngc-pytorch:{_TAG})",
+        "derived from container_base and its tag",
+    ),
+    "__derived_image_sqsh": (
+        rf"{PATH_RE}/[a-z0-9-]+\+{_TAG}\.sqsh",
+        "derived: <image_dir>/<project_slug>+<tag>.sqsh",
+    ),
 }
 
 # Installing the project must not shadow or overwrite a module the job needs: the standard
@@ -254,10 +268,11 @@ def field_error(field: str, value: object) -> str | None:
 
 
 def validate(answers: dict) -> list[str]:
-    """One message per invalid answer (empty list: all valid). Private (_) keys are skipped."""
+    """One message per invalid answer (empty list: all valid). Settings that are not asked
+    (`__key`, given as `__key=value`) are checked too; `_key` values are the template's own."""
     errors = []
     for field, value in answers.items():
-        if field.startswith("_"):
+        if field.startswith("_") and not field.startswith("__"):
             continue
         form = field_error(field, value)
         if form:

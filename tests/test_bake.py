@@ -92,8 +92,14 @@ def test_answers_doc_states_every_answer(baked):
     name, path = baked
     doc = (path / "docs" / "answers.md").read_text()
     listed = re.findall(r"^\| `(\w+)` \| (.*) \|$", doc, re.MULTILINE)
-    visible = {k: v for k, v in answers(name).items() if not k.startswith("_")}
-    assert [key for key, _ in listed] == list(visible)
+    asked = [k for k in answers(name) if not k.startswith("_")]
+    settings = [
+        k
+        for k in answers(name)
+        if k.startswith("__") and not k.startswith(("__derived_", "__prompts"))
+    ]
+    assert [key for key, _ in listed] == asked + settings  # every answer and setting, in order
+    visible = {k: answers(name)[k] for k in asked + settings}
     for key, shown in listed:
         value = visible[key]
         if "{" not in str(value):  # derived defaults (slug, paths) are rendered in the doc
@@ -214,7 +220,7 @@ def test_job_scripts_follow_answers(baked):
             assert 'PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"' in text
         uenv = job.name == "train_uenv.sbatch"
         assert (d.get("uenv"), d.get("view")) == (
-            (a["uenv_image"], "default") if uenv else (None, None)
+            (a["__uenv_image"], "default") if uenv else (None, None)
         )
         # the uenv NCCL/libfabric snippet belongs to uenv jobs only (the CE hook sets its own)
         assert ('export NCCL_NET="AWS Libfabric"' in text) == uenv
@@ -233,7 +239,7 @@ def test_edf_matches_base_image(baked):
         return
     edf = tomllib.loads(edf_path.read_text())
     extended = a["container_base"] == "alps-extended"
-    tag = a["alps_extended_tag"] if extended else a["ngc_pytorch_tag"]
+    tag = a["__alps_extended_tag"] if extended else a["__ngc_pytorch_tag"]
     assert edf["image"] == f"{a['image_dir']}/{path.name}+{tag}.sqsh"
     assert edf["workdir"] == "${PWD}"
     assert "${PWD}" in edf["mounts"]
@@ -583,7 +589,7 @@ def test_each_fact_is_written_once(baked):
 
     if a["env_flavour"] != "uenv":
         extended = a["container_base"] == "alps-extended"
-        tag = a["alps_extended_tag"] if extended else a["ngc_pytorch_tag"]
+        tag = a["__alps_extended_tag"] if extended else a["__ngc_pytorch_tag"]
         sqsh = f"{a['image_dir']}/{path.name}+{tag}.sqsh"
         base = (
             f"ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:{tag}"

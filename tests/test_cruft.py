@@ -40,6 +40,9 @@ COPY_IGNORE = shutil.ignore_patterns(
 )
 
 
+DATA_DIR = "/capstor/scratch/cscs/${USER}/own-data"  # a setting given instead of its default
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
@@ -119,7 +122,8 @@ def leftover_conflicts(project: Path) -> list[str]:
 def test_update_brings_template_change_and_keeps_user_edits(
     tmp_path: Path, template: Path, env: dict[str, str], git_init: bool, flavour: str
 ):
-    answers = {"git_init": git_init, "env_flavour": flavour, "nodes": "1"}
+    # a directory other than the default is recorded and replayed
+    answers = {"git_init": git_init, "env_flavour": flavour, "nodes": "1", "data_dir": DATA_DIR}
     out = tmp_path / "projects"
     out.mkdir()
     created = cruft(
@@ -175,6 +179,7 @@ def test_update_brings_template_change_and_keeps_user_edits(
     for name in JOBS[flavour]:
         script = (project / "jobs" / f"{name}.sbatch").read_text()
         assert SIGNAL_V2 in script and SIGNAL_V1 not in script, name
+        assert f'DATA_DIR="${{DATA_DIR:-{DATA_DIR}}}"' in script, name
     assert (project / NEW_DOC).read_text() == "# New in v2\n"
     # the user's edits survived, nothing was left to resolve, nothing else changed
     assert NODES_USER in job.read_text() and NODES_V1 not in job.read_text()

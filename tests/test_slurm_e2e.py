@@ -295,7 +295,7 @@ def check_environment_requests(
     for record in records:
         if sub.repo.flavour == "uenv":
             # #SBATCH --uenv/--view apply to the batch step and to every srun step
-            expected = (answer(sub.repo.name, "uenv_image"), "default", "-")
+            expected = (answer(sub.repo.name, "__uenv_image"), "default", "-")
         elif record["step"] == "batch":
             # --environment on srun only: the batch script itself runs on the host
             expected = ("-", "-", "-")

@@ -59,7 +59,7 @@ if [[ ${here} -eq 0 ]]; then
 {%- endif %}
 {%- if cookiecutter.env_flavour != "container" %}
     if [[ "${flavour}" == uenv ]]; then
-        exec uenv run "{{ cookiecutter.uenv_image }}" --view=default -- bash scripts/setup_venv.sh "${forward[@]}"
+        exec uenv run "{{ cookiecutter.__uenv_image }}" --view=default -- bash scripts/setup_venv.sh "${forward[@]}"
     fi
 {%- endif %}
 fi
