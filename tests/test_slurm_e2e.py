@@ -559,8 +559,11 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(slurm, repo,
         assert job.state == "FAILED" and job.exit_code[0] != 0
         assert job.restarts == 0, "a hung rank must not be requeued"
         # the peers' error names the timeout (gloo: "Timed out waiting ... for recv")
-        assert re.search(r"\[rank[023]\] .*ERROR failed", text), text[-4000:]
-        assert re.search(r"[Tt]imed? ?out", text), text[-4000:]
+        # the first live rank to time out names the cause in one line (the others may then see
+        # their peer's connection close)
+        assert re.search(
+            r"\[rank[023]\] .*ERROR a collective did not complete within dist_timeout_s", text
+        ), text[-4000:]
         assert "error: training failed (exit status" in text and "Not requeued." in text
         assert "training finished" not in text and not (sub.run_dir / "REQUEUE").exists()
         print(f"stopped rank: job ended {waited:.0f} s after the SIGSTOP")

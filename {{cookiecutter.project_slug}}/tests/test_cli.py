@@ -94,3 +94,21 @@ def test_help_lists_the_subcommands(capsys):
     out = capsys.readouterr().out
     for name in ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot"):
         assert name in out
+
+
+def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
+    """What a rank sees when a peer hangs (gloo's message): one ERROR line, no traceback."""
+    import {{ cookiecutter.package_name }}.train
+
+    def hung_peer(cfg):
+        raise RuntimeError(
+            "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+            "20000ms for recv operation to complete"
+        )
+
+    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", hung_peer)
+    assert main([*TINY, "max_steps=1"]) == 1
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "did not complete within dist_timeout_s" in record.getMessage()
+    assert "another rank is hung or dead" in record.getMessage()
+    assert record.exc_info is None  # no traceback: the cause is in the message

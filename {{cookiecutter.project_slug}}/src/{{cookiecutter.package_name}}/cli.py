@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, load_config
-from .distributed import LaunchError
+from .distributed import LaunchError, is_collective_timeout
 
 log = logging.getLogger(__package__)
 
@@ -208,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:
-        if args.command in ("train", "benchmark"):
+        if args.command in ("train", "benchmark") and is_collective_timeout(err):
+            logging.getLogger(__package__).error(
+                "a collective did not complete within dist_timeout_s: another rank is hung or "
+                "dead (its own lines say which); ending instead of holding the nodes (%s)",
+                str(err).strip().splitlines()[0],
+            )
+        elif args.command in ("train", "benchmark"):
             logging.getLogger(__package__).exception("failed")
         else:  # a one-line error for the small commands
             print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)

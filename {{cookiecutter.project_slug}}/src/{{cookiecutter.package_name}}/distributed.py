@@ -296,6 +296,14 @@ def process_group(
 # These helpers are no-ops in a single process, so the training loop has one code path.
 
 
+def is_collective_timeout(err: BaseException) -> bool:
+    """A peer that never answered within dist_timeout_s: gloo raises "Timed out waiting
+    ...ms for recv/send"; NCCL's watchdog reports "Watchdog caught collective operation timeout"
+    (with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 it aborts the process itself)."""
+    text = str(err)
+    return "Timed out waiting" in text or "collective operation timeout" in text
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
