@@ -132,13 +132,20 @@ def test_poll_reports_each_completed_save_once(tmp_path):
     assert run.manager.save(2).write_s == 0.0  # already on disk: not written again
 
 
-def test_incomplete_checkpoint_is_skipped(tmp_path, warnings_log):
-    run = Run(tmp_path)
+def two_checkpoints(directory):
+    """Checkpoints of steps 1 and 2 in `directory`: the run, and its state at step 1 (what a
+    fallback past step 2 must load)."""
+    run = Run(directory)
     run.step()
     run.save()
     saved = run.snapshot()
     run.step()
     run.save()
+    return run, saved
+
+
+def test_incomplete_checkpoint_is_skipped(tmp_path, warnings_log):
+    _, saved = two_checkpoints(tmp_path)
     (tmp_path / "step-00000002" / checkpoint.MARKER).unlink()  # as if killed mid-write
     other = Run(tmp_path, seed=1)
     assert other.manager.load_latest() == 1
@@ -154,12 +161,7 @@ def test_only_incomplete_checkpoints_start_a_new_run(tmp_path, warnings_log):
 
 
 def test_bit_flips_in_tensor_data_are_detected(tmp_path, warnings_log):
-    run = Run(tmp_path)
-    run.step()
-    run.save()
-    saved = run.snapshot()
-    run.step()
-    run.save()
+    run, saved = two_checkpoints(tmp_path)
     shard = tmp_path / "step-00000002" / "__0_0.distcp"
     flip_tensor_bytes(shard, run.model[0].weight)
 

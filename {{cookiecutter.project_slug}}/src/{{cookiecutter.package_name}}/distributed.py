@@ -299,7 +299,7 @@ def process_group(
 def is_collective_timeout(err: BaseException) -> bool:
     """A peer that never answered within dist_timeout_s: gloo raises "Timed out waiting
     ...ms for recv/send"; NCCL's watchdog reports "Watchdog caught collective operation timeout"
-    (with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 it aborts the process itself)."""
+    (the job script has it abort the process instead of raising here)."""
     text = str(err)
     return "Timed out waiting" in text or "collective operation timeout" in text
 
