@@ -457,12 +457,11 @@ PREEMPT_STEPS = 150
 PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
 
 
+# One preemption round trip each way is enough (they are the slow tests): the container
+# flavour with torchrun here, the uenv flavour with srun in the job-array test below.
 @pytest.mark.parametrize(
     ("name", "flavour"),
-    [
-        pytest.param("default", "container", id="container-srun"),
-        pytest.param("uenv-torchrun", "uenv", id="uenv-torchrun"),
-    ],
+    [pytest.param("container-extended-torchrun", "container", id="container-torchrun")],
 )
 def test_preempted_job_checkpoints_requeues_and_resumes(
     slurm, repo, tmp_path, dataset, name, flavour
