@@ -670,3 +670,14 @@ def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):
     proc = run(["bash", "scripts/build_image.sh"], cwd=repo, env=env, check=False)  # no SCRATCH
     assert proc.returncode == 2 and proc.stdout == ""
     assert "container/edf.toml's image uses ${SCRATCH}, which is not set here" in proc.stderr
+
+
+def test_readme_speaks_of_the_chosen_flavour_only(baked):
+    """The flavour sections are included per flavour (templates/readme_*.md.j2): a one-flavour
+    README says nothing of the other environment."""
+    name, path = baked
+    readme = (path / "README.md").read_text()
+    flavour = answers(name)["env_flavour"]
+    assert ("uenv" in readme.lower()) == (flavour != "container")
+    assert ("Container Engine" in readme) == (flavour != "uenv")
+    assert ("Dockerfile" in readme) == (flavour != "uenv")
