@@ -443,6 +443,18 @@ FAKE_SRUN = (
 FAKE_SCONTROL = "#!/bin/bash\n" + "if [[ $1 == show ]]; then echo node1; exit; fi\n" + RECORD
 
 
+def fake_env(home: Path, fake_bin: Path, calls: Path) -> dict[str, str]:
+    """A minimal login environment whose srun/scontrol are the fakes in `fake_bin` (each call's
+    argv lands in `calls`)."""
+    return {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "HOME": str(home),
+        "USER": "u",
+        "SCRATCH": str(home / "scratch"),
+        "FAKE_CALLS": str(calls),
+    }
+
+
 @pytest.fixture
 def fake_job(bake, tmp_path):
     """fake_job(**env) runs the uenv job script of uenv-torchrun (daint: runs under ${SCRATCH})
@@ -465,12 +477,7 @@ def fake_job(bake, tmp_path):
     def _run(**extra: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
         shutil.rmtree(calls, ignore_errors=True)
         calls.mkdir()
-        env = {
-            "PATH": f"{fake_bin}:/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "USER": "u",
-            "SCRATCH": str(tmp_path / "scratch"),
-            "FAKE_CALLS": str(calls),
+        env = fake_env(tmp_path, fake_bin, calls) | {
             "SLURM_SUBMIT_DIR": str(repo),
             "SLURM_JOB_NAME": repo.name,
             "SLURM_JOB_ID": "42",
@@ -619,13 +626,7 @@ def test_helper_jobs_go_where_the_training_job_goes(bake, tmp_path):
     calls.mkdir()
     (fake_bin / "srun").write_text(FAKE_SRUN)
     (fake_bin / "srun").chmod(0o755)
-    env = {
-        "PATH": f"{fake_bin}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "USER": "u",
-        "SCRATCH": str(tmp_path / "scratch"),
-        "FAKE_CALLS": str(calls),
-    }
+    env = fake_env(tmp_path, fake_bin, calls)
     run(["bash", "scripts/build_image.sh"], cwd=repo, env=env)
     run(["bash", "scripts/setup_venv.sh", "container"], cwd=repo, env=env)
     build, setup = (
