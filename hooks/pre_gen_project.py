@@ -59,6 +59,7 @@ MAX_LENGTH = {
     "image_dir": 255,
     "data_dir": 255,
     "checkpoint_dir": 255,
+    "_lustre_layout": 200,
 }
 
 # ${NAME} references are expanded by bash and by the Container Engine alike; other shell
@@ -99,6 +100,13 @@ PATTERNS: dict[str, tuple[str, str]] = {
     "nodes": (r"[1-9][0-9]{0,3}", "a whole number of nodes from 1 to 9999"),
     **{field: (PATH_RE, PATH_FORM) for field in PATH_FIELDS},
 }
+# The Lustre layout (`_lustre_layout`) is pasted unquoted into `LAYOUT=(...)` of
+# scripts/stripe_lustre.sh and split into `lfs setstripe` arguments: only option/number pairs.
+_LFS_OPTION = r"-[EcS] -?[0-9]{1,6}[KMG]?"
+PATTERNS["_lustre_layout"] = (
+    rf"{_LFS_OPTION}(?: {_LFS_OPTION})*",  # length: MAX_LENGTH (this file is rendered by Jinja)
+    "lfs setstripe options such as -E 4M -c 1 -E -1 -c 32 -S 4M",
+)
 # Values derived from the answers in cookiecutter.json (`__derived_*`) can be overridden on the
 # command line like any `__` key: they must still have the form their derivation gives.
 _TAG = rf"(?:{PATTERNS['__ngc_pytorch_tag'][0]}|{PATTERNS['__alps_extended_tag'][0]})"
@@ -269,11 +277,11 @@ def field_error(field: str, value: object) -> str | None:
 
 def validate(answers: dict) -> list[str]:
     """One message per invalid answer (empty list: all valid). Settings that are not asked
-    (`__key`, given as `__key=value`) are checked too; `_key` values are the template's own."""
+    (`__key`, given as `__key=value`) are checked too, and `_key` values that reach a file."""
     errors = []
     for field, value in answers.items():
-        if field.startswith("_") and not field.startswith("__"):
-            continue
+        if field.startswith("_") and not field.startswith("__") and field not in PATTERNS:
+            continue  # the template's own values (_template, _output_dir, ...)
         form = field_error(field, value)
         if form:
             shown = value

@@ -85,6 +85,8 @@ BAD_ANSWERS = [
     ("__derived_base_image", "nvcr.io/nvidia/pytorch:25.06-py3\nRUN id", "derived from"),
     ("__derived_image_sqsh", '/x/p+25.06.sqsh"; $(id)', "derived: <image_dir>"),
     ("__derived_image_tag", "../../etc", "derived from __ngc_pytorch_tag"),
+    ("_lustre_layout", "-c 1 $(touch /tmp/x)", "lfs setstripe options"),
+    ("_lustre_layout", "-c ٣٢", "lfs setstripe options"),
     ("cluster", "eiger", "one of clariden, daint, santis"),
     ("env_flavour", "docker", "one of container, uenv, both"),
     ("container_base", "ubuntu", "one of ngc, alps-extended"),
