@@ -210,7 +210,7 @@ def test_job_scripts_follow_answers(baked):
         assert 'scontrol requeue "${job_ref}"' in text  # the job, or the array task
         # one place for both flavours: the job script, not the EDF (it holds for uenv jobs too)
         assert text.count("export TORCH_NCCL_ASYNC_ERROR_HANDLING=1") == 1
-        assert "srun_args=(--unbuffered --label --kill-on-bad-exit=1)" in text
+        assert "srun_args=(--label --kill-on-bad-exit=1)" in text
         if a["launcher"] == "srun":
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("4", "72")
             assert "torch.distributed.run" not in text
