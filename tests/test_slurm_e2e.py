@@ -529,10 +529,10 @@ def test_a_crashing_rank_fails_the_job_without_hanging(
         assert "ALPS_E2E failure shim armed: rank 1" in text, "the shim did not load"
         assert job.state == "FAILED" and job.exit_code[0] != 0
         assert job.restarts == 0, "a crash must not be requeued"
-        # whole lines, labelled once: `srun --unbuffered` cut this one into "1: R" + "1: untime..."
-        assert re.search(
-            r"^ *1: RuntimeError: ALPS_E2E injected failure: rank 1, call 6$", text, re.MULTILINE
-        ), text[-4000:]
+        # whole lines, labelled once (srun: task 1; torchrun: the agent's task 0); srun --unbuffered
+        # cut this one into "1: R" + "1: untimeError..."
+        whole = r"^ *[0-9]+: RuntimeError: ALPS_E2E injected failure: rank 1, call 6 of \S+$"
+        assert re.search(whole, text, re.MULTILINE), text[-4000:]
         assert "error: training failed (exit status" in text and "Not requeued." in text
         assert "training finished" not in text
         assert not (sub.run_dir / "REQUEUE").exists()
