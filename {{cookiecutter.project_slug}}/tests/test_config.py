@@ -9,6 +9,7 @@ from {{ cookiecutter.package_name }}.config import (
     Config,
     ConfigError,
     check_resume,
+    check_run_dir_config,
     docs_table,
     load_config,
     read_toml,
@@ -127,6 +128,20 @@ def test_check_resume(caplog):
     with pytest.raises(ConfigError, match="dataset contents: fingerprint aaaa"):
         check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
     check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
+
+
+def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):
+    (tmp_path / "config.toml").write_text(to_toml(load_config(None, ["preset=tiny"])))
+    mlp = load_config(None, ["model=mlp", "lr=0.001"])
+    with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
+        check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
+    assert "preset: 'tiny' -> 'gpt2-124m'" in str(err.value)  # the old model's keys as well
+    assert "hidden_dim" not in str(err.value)  # at its default: unchanged
+    assert "new run_dir" in str(err.value) and "\n" not in str(err.value)
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=False)  # nothing to continue
+    check_run_dir_config(load_config(None, ["preset=tiny", "log_every=1"]), tmp_path, True)
+    (tmp_path / "config.toml").write_text("not = [toml")
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
 
 
 def test_cli_exit_status_2_and_message_for_config_errors(capsys):

@@ -263,7 +263,12 @@ def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> N
     path = Path(run_dir) / "config.toml"
     if not has_checkpoints or not path.is_file():
         return
-    refuse_or_warn(changed_keys(read_toml(path), cfg), cfg, f"the run in {run_dir}")
+    try:
+        saved = read_toml(path)
+    except ConfigError as err:  # the checkpoint's own record is still compared after loading
+        log.warning("%s; comparing the config with the checkpoint's record instead", err)
+        return
+    refuse_or_warn(changed_keys(saved, cfg), cfg, f"the run in {run_dir}")
 
 
 def check_resume(
