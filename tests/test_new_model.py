@@ -20,7 +20,9 @@ from test_training_package import package_env
 
 MODEL_MARK = "<!-- file: models/onelayer.py -->"
 LINE_MARK = "<!-- registry line: models/__init__.py -->"
-ARGS = [
+ARGS = [  # as docs/your-model.md trains it, in small
+    "--config",
+    "configs/default.toml",
     "device=cpu",
     "model=onelayer",
     "onelayer_width=32",

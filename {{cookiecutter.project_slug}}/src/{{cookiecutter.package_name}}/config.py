@@ -42,7 +42,7 @@ GENERAL_KEYS = (
     Key("device", "auto", "auto: CUDA when a GPU is visible, else CPU",
         choices=("auto", "cpu", "cuda")),
     # model (the selected model's own keys follow this one)
-    Key("model", DEFAULT_MODEL, "the model to train (models/): " + ", ".join(MODELS),
+    Key("model", DEFAULT_MODEL, "the model to train: a module in models/ (docs/your-model.md)",
         choices=tuple(MODELS), resume=True),
     Key("dropout", 0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True),
     # data

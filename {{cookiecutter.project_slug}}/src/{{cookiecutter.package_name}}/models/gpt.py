@@ -213,7 +213,7 @@ KEYS = (
     Key(
         "preset",
         "gpt2-124m",
-        "the sizes below, unless set: tiny trains on a CPU in seconds",
+        "sizes for the keys below left at 0; tiny trains on a CPU in seconds",
         choices=tuple(PRESETS),
         resume=True,
     ),
