@@ -29,7 +29,8 @@ class Metrics:
     `metrics.jsonl` (the source of truth) and, if configured, a tracker (TensorBoard, W&B).
 
     Throughput is per sample for a classifier and per token for a language model; MFU is model
-    FLOPs per second over the GPU's peak (`peak_tflops`), the standard definition (PaLM, appendix B).
+    FLOPs per second over the GPU's peak (`peak_tflops`), the standard definition (PaLM,
+    appendix B).
     """
 
     def __init__(
