@@ -160,7 +160,7 @@ def test_update_brings_template_change_and_keeps_user_edits(
 
     # the user's own work, committed
     job = project / "jobs" / f"{JOBS[flavour][0]}.sbatch"
-    model = project / "src" / PACKAGE / "model.py"
+    model = project / "src" / PACKAGE / "models" / "mlp.py"
     edit(job, NODES_V1, NODES_USER)
     edit(model, MODEL_V1, MODEL_USER)
     git(project, env, "commit", "--quiet", "--no-verify", "--all", "-m", "User edits")

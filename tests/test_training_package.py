@@ -41,13 +41,12 @@ def test_package_layout(repo, package):
         "checkpoint",
         "cli",
         "config",
+        "config_keys",
         "data",
         "distributed",
         "doctor",
         "generate",
-        "gpt",
         "metrics",
-        "model",
         "parallel",
         "prefetch",
         "preemption",
@@ -57,9 +56,25 @@ def test_package_layout(repo, package):
         "train",
     }
     assert {p.stem for p in src.glob("*.py")} == modules
+    assert {p.stem for p in (src / "models").glob("*.py")} == {"__init__", "spec", "gpt", "mlp"}
     assert (repo / "configs" / "default.toml").is_file()
     assert (repo / "configs" / "tiny.toml").is_file()
     assert (repo / "docs" / "training.md").is_file()
+
+
+def test_only_the_registry_and_the_gpt_module_know_the_gpt_by_name(repo, package):
+    """The loop, data, metrics, benchmark, CLI and generate ask the model's spec."""
+    src = repo / "src" / package
+    naming = {str(p.relative_to(src)) for p in src.rglob("*.py") if '"gpt"' in p.read_text()}
+    assert naming == {"models/__init__.py", "models/gpt.py"}
+
+
+def test_models_and_the_modules_around_them_stay_short(repo, package):
+    src = repo / "src" / package
+    owned = ["config", "config_keys", "train", "data", "metrics", "benchmark", "cli", "generate"]
+    paths = [src / f"{name}.py" for name in owned + ["parallel"]] + list(src.glob("models/*.py"))
+    long = {p.name: n for p in paths if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, f"modules over 450 lines: {long}"
 
 
 def test_generated_test_suite_passes(repo):

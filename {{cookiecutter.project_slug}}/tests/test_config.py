@@ -1,24 +1,30 @@
 """Config file + overrides; errors name the key and the accepted values; the docs table."""
 
-import re
-from dataclasses import fields
-
 import pytest
 from conftest import REPO
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import (
+    GENERAL_KEYS,
     Config,
     ConfigError,
     check_resume,
+    check_run_dir_config,
+    docs_table,
     load_config,
+    read_toml,
     to_toml,
 )
+from {{ cookiecutter.package_name }}.models import spec_of
 
 
-def test_default_config_file_matches_the_dataclass():
+def test_default_config_file_matches_the_declarations():
+    """configs/default.toml spells out every general key and the default model's own keys,
+    each at its declared default."""
     cfg = load_config(REPO / "configs" / "default.toml")
-    assert cfg == Config(), "configs/default.toml should spell out the defaults"
+    assert cfg == Config(), "configs/default.toml should hold the declared defaults"
+    declared = [k.name for k in GENERAL_KEYS] + [k.name for k in spec_of(cfg).keys]
+    assert sorted(read_toml(REPO / "configs" / "default.toml")) == sorted(declared)
 
 
 def test_overrides_are_typed_by_the_fields(tmp_path):
@@ -55,11 +61,37 @@ def test_unknown_key_names_it_and_lists_accepted_keys():
         ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
         ("parallelism=zero3", r"'parallelism' must be one of ddp, fsdp"),
         ("model=llama", r"'model' must be one of gpt, mlp"),
+        ("run_dir=", r"'run_dir' must not be empty"),
+        ("dropout=1", r"'dropout' must be in \[0, 1\), got 1.0"),
+        ("lr=0", r"'lr' must be in \(0, 1000\], got 0.0"),
     ],
 )
 def test_bad_values_name_the_key_and_the_accepted_form(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["lr=0.001", "min_lr=0.01"], r"'min_lr' \(0.01\) must not exceed 'lr' \(0.001\)"),
+        (["preset=tiny", "n_embd=65"], r"width 65 must be a multiple of the number of heads 2"),
+        (["n_head=5"], r"width 768 must be a multiple of the number of heads 5"),
+        (["model=mlp", "n_layer=2"], r"'n_layer' belongs to model gpt, but this run trains "),
+        (["hidden_dim=8"], r"'hidden_dim' belongs to model mlp, but this run trains model=gpt"),
+        (["model=mlp", "activation_checkpointing=true"], r"needs a model with repeated blocks"),
+    ],
+)
+def test_relations_between_keys_are_checked_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_the_default_config_file_serves_every_model():
+    """Keys of another model at their defaults (configs/default.toml's GPT keys with
+    `benchmark --size large`, model=mlp) are not refused."""
+    cfg = load_config(REPO / "configs" / "default.toml", ["model=mlp", "hidden_dim=32"])
+    assert (cfg.model, cfg.hidden_dim, cfg.preset) == ("mlp", 32, "gpt2-124m")
 
 
 def test_bad_value_in_file_names_the_key(tmp_path):
@@ -87,6 +119,7 @@ def test_saved_config_round_trips(tmp_path):
 
 def test_check_resume(caplog):
     saved = Config().__dict__
+    check_resume(saved, Config(hidden_dim=7), 2, 2)  # a key of a model this run does not train
     check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
     with pytest.raises(ConfigError, match="batch_size: 16 -> 64"):
         check_resume(saved, Config(batch_size=64), 2, 2)
@@ -95,6 +128,20 @@ def test_check_resume(caplog):
     with pytest.raises(ConfigError, match="dataset contents: fingerprint aaaa"):
         check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
     check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
+
+
+def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):
+    (tmp_path / "config.toml").write_text(to_toml(load_config(None, ["preset=tiny"])))
+    mlp = load_config(None, ["model=mlp", "lr=0.001"])
+    with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
+        check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
+    assert "preset: 'tiny' -> 'gpt2-124m'" in str(err.value)  # the old model's keys as well
+    assert "hidden_dim" not in str(err.value)  # at its default: unchanged
+    assert "new run_dir" in str(err.value) and "\n" not in str(err.value)
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=False)  # nothing to continue
+    check_run_dir_config(load_config(None, ["preset=tiny", "log_every=1"]), tmp_path, True)
+    (tmp_path / "config.toml").write_text("not = [toml")
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
 
 
 def test_cli_exit_status_2_and_message_for_config_errors(capsys):
@@ -109,23 +156,12 @@ DOCS = REPO / "docs" / "training.md"
 BEGIN, END = "<!-- config keys: python tests/test_config.py rewrites this table -->", "<!-- end -->"
 
 
-def config_table() -> str:
-    """One row per Config field, from its default and its trailing comment in config.py."""
-    source = (REPO / "src" / "{{ cookiecutter.package_name }}" / "config.py").read_text()
-    comments = dict(re.findall(r"^    (\w+): \w+ = .+?  # (.+)$", source, re.MULTILINE))
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    for field in fields(Config):
-        default = to_toml({field.name: field.default}).split(" = ", 1)[1].strip()
-        rows.append(f"| `{field.name}` | `{default}` | {comments[field.name]} |")
-    return "\n".join(rows)
-
-
-def test_docs_config_table_is_generated_from_the_dataclass():
+def test_docs_config_table_is_generated_from_the_declarations():
     text = DOCS.read_text()
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == config_table(), "docs/training.md is stale: run python tests/test_config.py"
+    assert table == docs_table(), "docs/training.md is stale: run python tests/test_config.py"
 
 
 if __name__ == "__main__":  # rewrite the table in docs/training.md
     head, rest = DOCS.read_text().split(BEGIN, 1)
-    DOCS.write_text(f"{head}{BEGIN}\n{config_table()}\n{END}{rest.split(END, 1)[1]}")
+    DOCS.write_text(f"{head}{BEGIN}\n{docs_table()}\n{END}{rest.split(END, 1)[1]}")

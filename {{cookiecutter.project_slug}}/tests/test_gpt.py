@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }} import gpt, tokens
+from {{ cookiecutter.package_name }} import tokens
+from {{ cookiecutter.package_name }}.models import gpt
 
 
 def tiny(**overrides) -> gpt.GPT:

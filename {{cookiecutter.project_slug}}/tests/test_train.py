@@ -62,7 +62,30 @@ def test_a_run_whose_checkpoints_all_fail_to_load_stops_with_one_line(
     for shard in (run_dir / "checkpoints").glob("step-*/*.distcp"):
         shard.write_bytes(b"not a checkpoint")  # every complete checkpoint now fails its check
     capsys.readouterr()
-    assert main([*argv, "max_steps=6"]) == 1  # not a silent fresh start
+    assert main(argv) == 1  # not a silent fresh start
     err = capsys.readouterr().err
     assert "can be loaded" in err and "move them away" in err and "Traceback" not in err
     assert checkpoint_steps(run_dir) == [2, 4]  # nothing was overwritten
+
+
+def test_another_model_or_size_on_an_existing_run_is_refused_before_loading(
+    tmp_path, single_process, capsys
+):
+    """Exit 2, one line with each changed key and the two ways on; no checkpoint is read (a
+    GPT checkpoint loaded into another shape would end in DCP's size-mismatch text)."""
+    run_dir = tmp_path / "run"
+    argv = [*TINY, f"run_dir={run_dir}", "max_steps=2", "checkpoint_every=2", "eval_every=0"]
+    assert main(argv) == 0
+    markers = sorted(p.stat().st_mtime_ns for p in run_dir.rglob("*"))
+    for changed, shown in [
+        ([*argv, "n_layer=3", "n_head=4"], "n_layer: 0 -> 3; n_head: 0 -> 4"),
+        ([*argv, "preset=gpt2-124m", "n_embd=0", "block_size=0"], "preset: 'tiny' -> 'gpt2-124m'"),
+        ([*TINY_MLP, f"run_dir={run_dir}", "max_steps=2"], "model: 'gpt' -> 'mlp'"),
+    ]:
+        capsys.readouterr()
+        assert main(changed) == 2
+        err = capsys.readouterr().err
+        (line,) = [line for line in err.splitlines() if "error" in line]
+        assert shown in line and "new run_dir" in line and "restore the values" in line
+        assert "Traceback" not in err and "mismatch" not in err.lower()
+    assert sorted(p.stat().st_mtime_ns for p in run_dir.rglob("*")) == markers  # untouched

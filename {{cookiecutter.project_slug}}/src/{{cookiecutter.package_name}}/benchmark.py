@@ -26,7 +26,6 @@ import torch
 from . import checkpoint, distributed
 from .config import Config
 from .distributed import DistEnv
-from .model import build_model, loss_fn
 from .train import build, input_pipeline, make_optimizer, parallel, train_step
 
 BLOCK = 5  # steps per timed block; blocks of the two loops alternate
@@ -68,16 +67,16 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     try:
         x, y = next(inputs)
         torch.manual_seed(cfg.seed)
-        bare_model = build_model(cfg, run.source.info)
+        bare_model = run.spec.build(cfg, run.source.info)
         if cfg.compile:
-            parallel.apply_compile(bare_model)
+            parallel.apply_compile(run.spec, bare_model)
         bare_model.to(device)
         bare_opt = make_optimizer(bare_model, cfg, device)
 
         def bare_step():
             for _ in range(cfg.grad_accum_steps):
                 with run.autocast():
-                    loss = loss_fn(bare_model(x), y) / cfg.grad_accum_steps
+                    loss = run.spec.task.loss(bare_model(x), y) / cfg.grad_accum_steps
                 loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
@@ -100,12 +99,12 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     finally:
         inputs.close()
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
-    units = "tokens" if cfg.model == "gpt" else "samples"
+    units = run.spec.task.unit
     per_step = cfg.batch_size * cfg.grad_accum_steps * env.world_size
-    if cfg.model == "gpt":
-        per_step *= run.source.block_size
+    if units == "tokens":
+        per_step *= run.spec.context_length(cfg)
     result = {
-        "model": cfg.model if cfg.model != "gpt" else f"gpt:{cfg.preset}",
+        "model": run.spec.label(cfg),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "world_size": env.world_size,

@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from .config_keys import parse_interval
+
 log = logging.getLogger(__package__)
 
 MARKER = "COMPLETE.json"
@@ -656,12 +658,9 @@ class CheckpointSchedule:
     much less than the write), but never more often than a write takes."""
 
     def __init__(self, spec: str, mtbf_hours: float):
-        self.every_steps, self.every_s, self.auto = 0, 0.0, spec == "auto"
-        self.mtbf_s = mtbf_hours * 3600.0
-        if spec.endswith("min"):
-            self.every_s = float(spec[:-3]) * 60.0
-        elif not self.auto:
-            self.every_steps = int(spec)
+        interval = parse_interval(spec)  # the one parser of checkpoint_every
+        self.every_steps, self.every_s = interval.steps, interval.minutes * 60.0
+        self.auto, self.mtbf_s = interval.auto, mtbf_hours * 3600.0
         self.last_save = time.monotonic()
         self.stall_s: float | None = None  # measured stall of the last save
         self.write_s: float | None = None  # measured time of the last complete write

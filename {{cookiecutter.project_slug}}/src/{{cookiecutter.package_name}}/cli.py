@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .config import ConfigError, load_config
 from .distributed import LaunchError, is_collective_timeout
+from .models import MODELS
 
 log = logging.getLogger(__package__)
 
@@ -43,7 +44,7 @@ def make_parser() -> argparse.ArgumentParser:
         default="default",
         help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)",
     )
-    bench.add_argument("--model", choices=("gpt", "mlp"), help="same as model=...")
+    bench.add_argument("--model", choices=tuple(MODELS), help="same as model=...")
     bench.add_argument("--preset", help="same as preset=..., e.g. gpt2-124m")
     sub.add_parser(
         "doctor", help="check this node's environment, then all-reduce bandwidth", add_help=False

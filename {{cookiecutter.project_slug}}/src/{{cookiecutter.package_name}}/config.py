@@ -1,20 +1,22 @@
 """The training configuration: one dataclass, read from TOML, overridden by `key=value` arguments.
 
-Every field below is a config key; `configs/default.toml` sets the defaults a job uses and
-`docs/training.md` explains each of them.
+Each config key is declared once, as a `Key` (config_keys.py): the general keys below, each
+model's own keys in its module under models/. `Config` is assembled from those declarations,
+and so are validation, the defaults check of `configs/default.toml` (tests/test_config.py) and
+the table of keys in `docs/training.md` (`docs_table`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import re
 import sys
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .config_keys import ConfigError, Key, not_empty, parse_interval
+from .models import DEFAULT_MODEL, MODELS, model_keys, spec_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,245 +25,165 @@ else:  # Python 3.10
 
 log = logging.getLogger(__package__)
 
+__all__ = ["Config", "ConfigError", "load_config", "check_resume", "save_config", "to_toml"]
 
-class ConfigError(ValueError):
-    """A config key is unknown, or its value is not accepted. The message names the key."""
+ON, AUTO = ("true", "false"), ("auto", "true", "false")
 
-
-@dataclass
-class Config:
-    # Every field is a config key; its trailing comment is its documentation (docs/training.md's
-    # table is generated from these lines and checked by tests/test_config.py).
+# resume=True: the value shapes the model, the data order, the optimizer or the schedule, so a
+# checkpoint written with another value cannot continue the same run (unless force_resume=true).
+# fmt: off
+GENERAL_KEYS = (
     # run
-    run_dir: str = "runs/default"  # run directory: checkpoints/, metrics.jsonl, config.toml, LOCK
-    seed: int = 1234  # seeds the data, the initial weights (all ranks) and per-rank RNGs
-    max_steps: int = 300  # optimizer steps of the whole run
-    device: str = "auto"  # auto (CUDA when a GPU is visible, else CPU), cpu, cuda
-    # model
-    model: str = "gpt"  # gpt (a GPT-2 style language model) or mlp (the minimal classifier)
-    preset: str = "gpt2-124m"  # gpt size: tiny, gpt2-124m, gpt2-350m, gpt2-1.3b
-    n_layer: int = 0  # gpt: transformer blocks (0: the preset's)
-    n_head: int = 0  # gpt: attention heads (0: the preset's)
-    n_embd: int = 0  # gpt: width (0: the preset's)
-    block_size: int = 0  # gpt: context length in tokens (0: the preset's)
-    vocab_size: int = 0  # gpt: vocabulary (0: the dataset's; synthetic: 50257), padded to 64
-    hidden_dim: int = 256  # mlp: hidden width
-    dropout: float = 0.0  # dropout probability in [0, 1)
+    Key("run_dir", "runs/default", "run directory: checkpoints/, metrics.jsonl, config.toml, LOCK",
+        check=not_empty("run_dir")),
+    Key("seed", 1234, "seeds the data, the initial weights (all ranks) and per-rank RNGs",
+        bounds=(0, 2**32 - 1), resume=True),  # numpy seeds are 32-bit
+    Key("max_steps", 300, "optimizer steps of the whole run", bounds=(1, 10**12), resume=True),
+    Key("device", "auto", "auto: CUDA when a GPU is visible, else CPU",
+        choices=("auto", "cpu", "cuda")),
+    # model (the selected model's own keys follow this one)
+    Key("model", DEFAULT_MODEL, "the model to train: a module in models/ (docs/your-model.md)",
+        choices=tuple(MODELS), resume=True),
+    Key("dropout", 0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True),
     # data
-    dataset: str = "synthetic"  # "synthetic" or a directory written by make-dataset
-    synthetic_samples: int = 16384  # mlp synthetic data: samples
-    eval_samples: int = 2048  # mlp: samples held out from the end for evaluation
-    num_features: int = 64  # mlp synthetic data: input features (a directory says its own)
-    num_classes: int = 10  # mlp synthetic data: classes (a directory says its own)
-    batch_size: int = 16  # per rank and micro-step (gpt: sequences of block_size tokens)
-    grad_accum_steps: int = 1  # micro-steps per optimizer step (gradients synced on the last)
-    num_workers: int = -1  # loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)
-    data_on_gpu: str = "auto"  # in-memory data on the GPU: auto (under 10% of it), true, false
+    Key("dataset", "synthetic", '"synthetic" or a directory written by make-dataset',
+        resume=True),
+    Key("vocab_size", 0, "language models: vocabulary (0: the dataset's; synthetic: 50257)",
+        bounds=(0, 2**24), resume=True),
+    Key("synthetic_samples", 16384, "classifier synthetic data: samples",
+        bounds=(1, 2**31 - 1), resume=True),
+    Key("eval_samples", 2048, "classifier: samples held out from the end for evaluation",
+        bounds=(0, 2**31 - 1), resume=True),
+    Key("num_features", 64, "classifier synthetic data: input features (a directory says its own)",
+        bounds=(1, 2**20), resume=True),
+    Key("num_classes", 10, "classifier synthetic data: classes (a directory says its own)",
+        bounds=(2, 2**24), resume=True),
+    Key("batch_size", 16, "per rank and micro-step (language models: windows of tokens)",
+        bounds=(1, 2**24), resume=True),
+    Key("grad_accum_steps", 1, "micro-steps per optimizer step (gradients synced on the last)",
+        bounds=(1, 2**16), resume=True),
+    Key("num_workers", -1, "loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)",
+        bounds=(-1, 64)),
+    Key("data_on_gpu", "auto", "in-memory data on the GPU: auto (under 10% of it)", choices=AUTO),
     # optimizer and schedule
-    lr: float = 6e-4  # AdamW peak learning rate (after linear warmup)
-    min_lr: float = 6e-5  # end of the cosine decay, reached at max_steps
-    warmup_steps: int = 30  # linear warmup steps
-    weight_decay: float = 0.1  # on matrices only (not biases, norms)
-    beta2: float = 0.95  # AdamW's second-moment decay (beta1 is 0.9)
-    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+    Key("lr", 6e-4, "AdamW peak learning rate (after linear warmup)", bounds=(0, 1e3),
+        closed="(]", resume=True),
+    Key("min_lr", 6e-5, "end of the cosine decay, reached at max_steps; at most lr",
+        bounds=(0, 1e3), resume=True),
+    Key("warmup_steps", 30, "linear warmup steps", bounds=(0, 10**12), resume=True),
+    Key("weight_decay", 0.1, "on matrices only (not biases, norms)", bounds=(0, 1e3),
+        resume=True),
+    Key("beta2", 0.95, "AdamW's second-moment decay (beta1 is 0.9)", bounds=(0, 1),
+        closed="[)", resume=True),
+    Key("grad_clip", 1.0, "max gradient norm; 0 disables clipping", bounds=(0, 1e9),
+        resume=True),
     # speed and parallelism
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU), bf16, fp16 (grad scaler), fp32
-    compile: bool = False  # torch.compile each block (see the benchmark figures)
-    tf32: bool = True  # TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))
-    parallelism: str = "ddp"  # ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)
-    activation_checkpointing: bool = False  # recompute each block in backward: less memory
-    cpu_offload: bool = False  # fsdp: parameters and optimizer state in CPU memory
+    Key("precision", "auto", "auto: bf16 on GPU, fp32 on CPU; fp16 uses a grad scaler",
+        choices=("auto", "bf16", "fp16", "fp32"), resume=True),
+    Key("compile", False, "torch.compile each block (see the benchmark figures)"),
+    Key("tf32", True, 'TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))'),
+    Key("parallelism", "ddp", "ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)",
+        choices=("ddp", "fsdp")),
+    Key("activation_checkpointing", False, "recompute each block in backward: less memory"),
+    Key("cpu_offload", False, "fsdp: parameters and optimizer state in CPU memory"),
     # logging and evaluation
-    log_every: int = 25  # steps between metric records
-    eval_every: int = 100  # steps between evaluations; 0 disables them
-    eval_batches: int = 20  # held-out batches per rank and evaluation
-    peak_tflops: float = 989.0  # per-GPU peak for MFU (H100/GH200 dense bf16)
-    tracker: str = "none"  # also log to: none, tensorboard, wandb (metrics.jsonl always)
-    wandb_project: str = ""  # W&B project ("": the package name)
-    wandb_mode: str = "offline"  # offline (compute nodes have no internet), online, disabled
+    Key("log_every", 25, "steps between metric records", bounds=(1, 10**12)),
+    Key("eval_every", 100, "steps between evaluations; 0 disables them", bounds=(0, 10**12)),
+    Key("eval_batches", 20, "held-out batches per rank and evaluation", bounds=(1, 10**6)),
+    Key("peak_tflops", 989.0, "per-GPU peak for MFU (H100/GH200 dense bf16)", bounds=(1e-3, 1e6)),
+    Key("tracker", "none", "also log to it (metrics.jsonl always)",
+        choices=("none", "tensorboard", "wandb")),
+    Key("wandb_project", "", 'W&B project ("": the package name)'),
+    Key("wandb_mode", "offline", "offline: compute nodes have no internet",
+        choices=("offline", "online", "disabled")),
     # checkpoints
-    checkpoint_every: str = "100"  # "N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)
-    keep_checkpoints: int = 3  # complete checkpoints kept (at least 2)
-    async_checkpoint: str = "auto"  # write in the background: auto (on GPU), true, false
-    mtbf_hours: float = 24.0  # mean time between failures of the job, for "auto"
-    force_resume: bool = False  # continue a checkpoint from a different config or dataset
+    Key("checkpoint_every", "100", '"N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)',
+        check=parse_interval),
+    Key("keep_checkpoints", 3, "complete checkpoints kept", bounds=(2, 10**6)),
+    Key("async_checkpoint", "auto", "write in the background: auto (on GPU)", choices=AUTO),
+    Key("mtbf_hours", 24.0, 'mean time between failures of the job, for "auto"',
+        bounds=(1e-3, 1e6)),
+    Key("force_resume", False, "continue a checkpoint from a different config or dataset"),
     # preemption and time limit
-    preempt_check_every: int = 10  # steps between the ranks' agreement on stopping or saving
-    end_time_margin_s: float = 60.0  # safety margin before SLURM_JOB_END_TIME
+    Key("preempt_check_every", 10, "steps between the ranks' agreement on stopping or saving",
+        bounds=(1, 10**6)),
+    Key("end_time_margin_s", 60.0, "safety margin before SLURM_JOB_END_TIME", bounds=(0, 86400)),
     # distributed
-    dist_timeout_s: float = 300.0  # a collective that hangs this long fails the job
-    cpu_threads: int = 0  # threads per rank; 0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores
+    Key("dist_timeout_s", 300.0, "a collective that hangs this long fails the job",
+        bounds=(1, 86400)),
+    Key("cpu_threads", 0, "threads per rank; 0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores",
+        bounds=(0, 1024)),
     # benchmark
-    bench_warmup: int = 10  # benchmark: warmup steps of each loop
-    bench_steps: int = 60  # benchmark: measured steps of each loop
-    bench_compare_compile: str = "auto"  # benchmark: also measure the other compile setting
-    bench_checkpoint: str = "auto"  # benchmark: time sync vs async checkpoint saves (auto: GPU)
-
-
-# Changing any of these changes the model, optimizer, data order or schedule, so a checkpoint
-# written with other values cannot continue the same run (unless force_resume=true).
-RESUME_MUST_MATCH = (
-    "seed",
-    "max_steps",
-    "model",
-    "preset",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "block_size",
-    "vocab_size",
-    "hidden_dim",
-    "dropout",
-    "dataset",
-    "synthetic_samples",
-    "eval_samples",
-    "num_features",
-    "num_classes",
-    "batch_size",
-    "grad_accum_steps",
-    "lr",
-    "min_lr",
-    "warmup_steps",
-    "weight_decay",
-    "beta2",
-    "grad_clip",
-    "precision",
+    Key("bench_warmup", 10, "benchmark: warmup steps of each loop", bounds=(0, 10**6)),
+    Key("bench_steps", 60, "benchmark: measured steps of each loop", bounds=(1, 10**6)),
+    Key("bench_compare_compile", "auto", "benchmark: also measure the other compile setting",
+        choices=AUTO),
+    Key("bench_checkpoint", "auto", "benchmark: time sync vs async checkpoint saves (auto: GPU)",
+        choices=AUTO),
 )
-
-CHOICES = {
-    "device": ("auto", "cpu", "cuda"),
-    "model": ("gpt", "mlp"),
-    "preset": ("tiny", "gpt2-124m", "gpt2-350m", "gpt2-1.3b"),
-    "precision": ("auto", "bf16", "fp16", "fp32"),
-    "parallelism": ("ddp", "fsdp"),
-    "data_on_gpu": ("auto", "true", "false"),
-    "async_checkpoint": ("auto", "true", "false"),
-    "tracker": ("none", "tensorboard", "wandb"),
-    "wandb_mode": ("offline", "online", "disabled"),
-    "bench_compare_compile": ("auto", "true", "false"),
-    "bench_checkpoint": ("auto", "true", "false"),
-}
-# Inclusive bounds; values outside them are typos or would exhaust the machine.
-BOUNDS: dict[str, tuple[float, float]] = {
-    "seed": (0, 2**32 - 1),  # numpy seeds are 32-bit
-    "max_steps": (1, 10**12),
-    "n_layer": (0, 1024),
-    "n_head": (0, 1024),
-    "n_embd": (0, 65536),
-    "block_size": (0, 2**20),
-    "vocab_size": (0, 2**24),
-    "hidden_dim": (1, 2**20),
-    "synthetic_samples": (1, 2**31 - 1),
-    "eval_samples": (0, 2**31 - 1),
-    "num_features": (1, 2**20),
-    "num_classes": (2, 2**24),
-    "batch_size": (1, 2**24),
-    "grad_accum_steps": (1, 2**16),
-    "num_workers": (-1, 64),
-    "warmup_steps": (0, 10**12),
-    "log_every": (1, 10**12),
-    "eval_every": (0, 10**12),
-    "eval_batches": (1, 10**6),
-    "peak_tflops": (1e-3, 1e6),
-    "keep_checkpoints": (2, 10**6),
-    "mtbf_hours": (1e-3, 1e6),
-    "preempt_check_every": (1, 10**6),
-    "end_time_margin_s": (0, 86400),
-    "dist_timeout_s": (1, 86400),
-    "cpu_threads": (0, 1024),
-    "bench_warmup": (0, 10**6),
-    "bench_steps": (1, 10**6),
-    "min_lr": (0, 1e3),
-    "weight_decay": (0, 1e3),
-    "grad_clip": (0, 1e9),
-}
-INTERVAL = re.compile(r"([0-9]+)|([0-9]+(?:\.[0-9]+)?)min|auto", re.ASCII)
-
-_FORMS = {
-    int: "an integer, e.g. 100",
-    float: "a number, e.g. 0.001",
-    bool: "true or false",
-    str: "a string",
-}
+# fmt: on
 
 
-def field_types() -> dict[str, type]:
-    types = {"int": int, "float": float, "bool": bool, "str": str}
-    return {f.name: types[str(f.type)] for f in fields(Config)}
+def _all_keys() -> dict[str, Key]:
+    """Every key in the order of the docs table: the models' own keys after `model`."""
+    keys: dict[str, Key] = {}
+    for key in GENERAL_KEYS:
+        keys[key.name] = key
+        if key.name == "model":
+            keys.update({name: key for name, (key, _) in model_keys().items()})
+    return keys
+
+
+KEYS: dict[str, Key] = _all_keys()
+OWNERS: dict[str, list[str]] = {name: owners for name, (_, owners) in model_keys().items()}
+
+Config = dataclasses.make_dataclass(
+    "Config",
+    [(key.name, key.type, dataclasses.field(default=key.default)) for key in KEYS.values()],
+)
+Config.__module__ = __name__  # pickle and repr find it here (make_dataclass's module= is 3.12+)
+Config.__doc__ = "The values of every config key (see KEYS for their declarations)."
 
 
 def parse_value(key: str, value: Any) -> Any:
-    """Convert a TOML value or a command-line string to the type of field `key`."""
-    types = field_types()
-    if key not in types:
-        raise ConfigError(f"unknown config key {key!r}; accepted keys: {', '.join(types)}")
-    kind = types[key]
-    try:
-        if not isinstance(value, str | int | float | bool):  # a TOML list, table or date
-            raise ValueError(value)
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes"):
-                return True
-            if str(value).lower() in ("false", "0", "no"):
-                return False
-            raise ValueError(value)
-        if kind is str:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            text = str(value)
-            if not text.isprintable() or len(text) > 4096:  # newlines would break config.toml
-                raise ConfigError(
-                    f"config key {key!r} expects one line of printable text (at most 4096 "
-                    f"characters), got {text[:80]!r}"
-                )
-            return text
-        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
-            raise ValueError(value)
-        if isinstance(value, str) and not value.strip().isascii():  # int("١٢") is 12
-            raise ValueError(value)
-        result = kind(value)
-        if kind is float and not math.isfinite(result):
-            raise ValueError(value)
-        return result
-    except ConfigError:
-        raise
-    except (ValueError, TypeError, OverflowError):
-        raise ConfigError(f"config key {key!r} expects {_FORMS[kind]}, got {value!r}") from None
+    """Convert a TOML value or a command-line string to the type of key `key`, checked."""
+    if key not in KEYS:
+        raise ConfigError(f"unknown config key {key!r}; accepted keys: {', '.join(KEYS)}")
+    return KEYS[key].parse(value)
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+def resume_keys(cfg) -> list[str]:
+    """The keys that must match for a checkpoint to continue: the general ones and those of the
+    run's model."""
+    own = {key.name for key in spec_of(cfg).keys}
+    return [n for n, k in KEYS.items() if k.resume and (n not in OWNERS or n in own)]
 
 
-def validate(cfg: Config) -> Config:
-    for key, allowed in CHOICES.items():
-        if getattr(cfg, key) not in allowed:
+def validate(cfg) -> Config:
+    """Each value against its declaration, then the relations between keys."""
+    for key in KEYS.values():
+        key.validate(getattr(cfg, key.name))
+    spec = spec_of(cfg)
+    for name, owners in OWNERS.items():
+        if cfg.model not in owners and getattr(cfg, name) != KEYS[name].default:
             raise ConfigError(
-                f"config key {key!r} must be one of {', '.join(allowed)}; got {getattr(cfg, key)!r}"
+                f"config key {name!r} belongs to model {' and '.join(owners)}, but this run "
+                f"trains model={cfg.model}; remove it or set model={owners[0]}"
             )
-    for key, (low, high) in BOUNDS.items():
-        value = getattr(cfg, key)
-        if not low <= value <= high:
-            raise ConfigError(
-                f"config key {key!r} must be in [{_number(low)}, {_number(high)}], got {value!r}"
-            )
-    if not INTERVAL.fullmatch(cfg.checkpoint_every):
+    if cfg.min_lr > cfg.lr:
         raise ConfigError(
-            "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "
-            f'("30min"), "auto" or "0" (end only); got {cfg.checkpoint_every!r}'
+            f"config key 'min_lr' ({cfg.min_lr:g}) must not exceed 'lr' ({cfg.lr:g}): the "
+            "schedule decays from lr to min_lr"
         )
-    if not 0 <= cfg.dropout < 1:
-        raise ConfigError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    if not 0 <= cfg.beta2 < 1:
-        raise ConfigError(f"config key 'beta2' must be in [0, 1), got {cfg.beta2}")
-    if not 0 < cfg.lr <= 1e3:
-        raise ConfigError(f"config key 'lr' must be in (0, 1000], got {cfg.lr}")
-    if cfg.model == "mlp" and cfg.activation_checkpointing:
-        raise ConfigError("config key 'activation_checkpointing' needs model=\"gpt\" (blocks)")
+    if cfg.activation_checkpointing and spec.blocks is None:
+        raise ConfigError(
+            f"config key 'activation_checkpointing' needs a model with repeated blocks; "
+            f"model={cfg.model} declares none"
+        )
     if cfg.parallelism == "fsdp" and cfg.precision == "fp16":
         raise ConfigError("config key 'precision': fp16 is not supported with fsdp; use bf16")
+    if spec.check is not None:
+        spec.check(cfg)
     return cfg
 
 
@@ -269,14 +191,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Defaults <- TOML file (flat table of config keys) <- `key=value` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
-        for key, value in table.items():
+        for key, value in read_toml(path).items():
             values[key] = parse_value(key, value)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -286,18 +201,27 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     return validate(Config(**values))
 
 
+def read_toml(path: str | Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
 def to_toml(cfg: Config | dict) -> str:
     values = dataclasses.asdict(cfg) if isinstance(cfg, Config) else cfg
-    lines = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str):
-            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        else:
-            text = repr(value)
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
+    return "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -305,6 +229,46 @@ def save_config(cfg: Config, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text("# resolved configuration of this run (written at start)\n" + to_toml(cfg))
     os.replace(tmp, path)
+
+
+def changed_keys(saved: dict, cfg: Config) -> list[str]:
+    """`key: old -> new` for each resume-relevant key that differs (the keys of both models
+    when the model changed)."""
+    names = resume_keys(cfg)
+    if saved.get("model") in MODELS and saved.get("model") != cfg.model:
+        old = resume_keys(dataclasses.replace(cfg, model=saved["model"]))
+        names += [n for n in old if n not in names]
+    return [
+        f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
+        for key in names
+        if saved.get(key) != getattr(cfg, key)
+    ]
+
+
+def refuse_or_warn(changed: list[str], cfg: Config, what: str) -> None:
+    if not changed:
+        return
+    message = f"{what} was written with a different configuration: " + "; ".join(changed)
+    if not cfg.force_resume:
+        raise ConfigError(
+            f"{message}. Either use a new run_dir, or restore the values to continue this run "
+            "(force_resume=true continues anyway)."
+        )
+    log.warning("%s. Continuing because force_resume=true.", message)
+
+
+def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> None:
+    """Before any checkpoint is read: refuse to continue the checkpoints of `run_dir` with a
+    changed model or resume-relevant key, comparing with the run's `config.toml`."""
+    path = Path(run_dir) / "config.toml"
+    if not has_checkpoints or not path.is_file():
+        return
+    try:
+        saved = read_toml(path)
+    except ConfigError as err:  # the checkpoint's own record is still compared after loading
+        log.warning("%s; comparing the config with the checkpoint's record instead", err)
+        return
+    refuse_or_warn(changed_keys(saved, cfg), cfg, f"the run in {run_dir}")
 
 
 def check_resume(
@@ -320,11 +284,7 @@ def check_resume(
     A different world size is allowed (checkpoints reshard): the global batch then changes,
     which the log says.
     """
-    changed = [
-        f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
-        for key in RESUME_MUST_MATCH
-        if saved.get(key) != getattr(cfg, key)
-    ]
+    changed = changed_keys(saved, cfg)
     if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
         changed.append(
             f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} "
@@ -339,12 +299,21 @@ def check_resume(
             saved_world * cfg.batch_size * cfg.grad_accum_steps,
             world * cfg.batch_size * cfg.grad_accum_steps,
         )
-    if not changed:
-        return
-    message = "the checkpoint was written with a different configuration: " + "; ".join(changed)
-    if not cfg.force_resume:
-        raise ConfigError(
-            message + ". Use a new run_dir, restore the values, or pass force_resume=true "
-            "to continue anyway."
+    refuse_or_warn(changed, cfg, "the checkpoint")
+
+
+def docs_table() -> str:
+    """The table of config keys in docs/training.md (tests/test_config.py compares it)."""
+    rows = [
+        "| key | default | accepted | must match on resume | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, key in KEYS.items():
+        meaning = f"{' and '.join(OWNERS[name])} only: {key.help}" if name in OWNERS else key.help
+        accepted = key.accepted().replace("|", "\\|")
+        resume = "yes" if key.resume else ""
+        meaning = meaning.replace("|", "\\|")
+        rows.append(
+            f"| `{name}` | `{toml_value(key.default)}` | {accepted} | {resume} | {meaning} |"
         )
-    log.warning("%s. Continuing because force_resume=true.", message)
+    return "\n".join(rows)

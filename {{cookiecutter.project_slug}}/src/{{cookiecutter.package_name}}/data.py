@@ -3,9 +3,9 @@
 with no sampler state to save, and any world size is well defined.
 
 Two kinds of dataset, told apart by the `index.json` of a dataset directory:
-- token shards for the GPT (`tokens.py`, written by `make-dataset --stdlib|--text|--tokens`):
-  windows of block_size+1 tokens read from memmaps;
-- arrays for the MLP (`x.npy`, `y.npy`, written by `make-dataset --out DIR [--x --y]`): an
+- token shards for language models (`tokens.py`, written by `make-dataset --stdlib|--text|
+  --tokens`): windows of context_length+1 tokens read from memmaps;
+- arrays for classifiers (`x.npy`, `y.npy`, written by `make-dataset --out DIR [--x --y]`): an
   endless stream of samples, reshuffled every epoch; a rank's batch is a slice of that stream at
   `samples_seen` (saved in the checkpoint), so a resume on another number of ranks continues
   the same stream.
@@ -104,7 +104,7 @@ class ArraySource:
 
 
 class TokenSource:
-    """Token shards (or synthetic tokens) for the GPT: windows of block_size+1 tokens."""
+    """Token shards (or synthetic tokens) for a language model: windows of block_size+1 tokens."""
 
     def __init__(self, dataset, block_size: int, seed: int):  # dataset: tokens.TokenDataset
         self.dataset, self.block_size, self.seed = dataset, block_size, seed
@@ -115,9 +115,14 @@ class TokenSource:
         return self.dataset.val_batches(batch_size, self.block_size, rank, world, max_batches)
 
 
-def open_source(cfg, block_size: int = 0):
-    """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory)."""
-    if cfg.model == "gpt":
+def open_source(cfg, spec=None):
+    """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory), of the kind
+    the model's task reads (`spec`: the run's models.spec.ModelSpec, by default cfg.model's)."""
+    if spec is None:
+        from .models import spec_of
+
+        spec = spec_of(cfg)
+    if spec.task.data == "tokens":
         from . import tokens
 
         if cfg.dataset == "synthetic":
@@ -125,7 +130,7 @@ def open_source(cfg, block_size: int = 0):
             dataset = tokens.TokenDataset.synthetic(vocab, SYNTHETIC_TOKENS, cfg.seed)
         else:
             dataset = tokens.TokenDataset.open(Path(cfg.dataset))
-        return TokenSource(dataset, block_size, cfg.seed)
+        return TokenSource(dataset, spec.context_length(cfg), cfg.seed)
     if cfg.dataset == "synthetic":
         x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
         fingerprint = f"synthetic:{cfg.synthetic_samples}x{cfg.num_features}:{cfg.num_classes}"
@@ -294,8 +299,8 @@ def open_dataset(directory: Path):
         ) from None
     if index.get("format") != FORMAT:
         raise ValueError(
-            f"{directory} holds {index.get('format')!r} data, not the MLP's arrays "
-            f"({FORMAT}); token shards train with model=gpt"
+            f"{directory} holds {index.get('format')!r} data, not a classifier's arrays "
+            f"({FORMAT}); token shards train a language model"
         )
     x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
     y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")

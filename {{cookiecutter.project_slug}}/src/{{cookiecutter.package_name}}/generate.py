@@ -1,8 +1,9 @@
 """`python -m <pkg> generate run_dir=DIR --prompt TEXT --tokens N`: sample from the newest
-checkpoint of a GPT run, on CPU or GPU, in one process (a sharded checkpoint is read whole).
+checkpoint of a language-model run (any model whose spec's task generates), on CPU or GPU, in
+one process (a sharded checkpoint is read whole).
 
 Prompts and output are byte-level text, the tokenizer of `make-dataset --stdlib/--text`; a model
-trained on another tokenizer's ids needs that tokenizer to encode and decode (`gpt.sample`).
+trained on another tokenizer's ids needs that tokenizer to encode and decode (`spec.sample`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,26 @@ from pathlib import Path
 
 import torch
 
-from . import gpt, tokens
+from . import tokens
 from .checkpoint import load_model_state
 from .config import Config, ConfigError
 from .data import DataInfo
-from .model import gpt_config
+from .models import spec_of
+from .models.spec import sample
 
 
 def saved_config(values: dict) -> Config:
     known = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in values.items() if k in known})
+
+
+def saved_data_info(values: dict, state: dict) -> DataInfo:
+    """The dataset's info the run was built with (recorded in the checkpoint by train.py)."""
+    if "data_info" in values:
+        return DataInfo(**values["data_info"])
+    # Checkpoints written before data_info was recorded: the only language model then was the
+    # GPT, whose token embedding holds the (padded) vocabulary.
+    return DataInfo("tokens", "", vocab_size=state["wte.weight"].shape[0])
 
 
 def generate(
@@ -37,10 +48,13 @@ def generate(
         raise ConfigError("generate needs --tokens >= 1, --temperature >= 0 and --top-k >= 1")
     values, state = load_model_state(Path(run_dir))
     cfg = saved_config(values)
-    if cfg.model != "gpt":
-        raise ConfigError(f"{run_dir} trained model={cfg.model!r}; generate needs a GPT run")
-    vocab = state["wte.weight"].shape[0]  # padded vocabulary of the trained model
-    model = gpt.GPT(gpt_config(cfg, DataInfo("tokens", "", vocab_size=vocab)))
+    spec = spec_of(cfg)
+    if not spec.task.generates:
+        raise ConfigError(
+            f"{run_dir} trained model={cfg.model!r}, a {spec.task.name}; generate needs a "
+            "language model"
+        )
+    model = spec.build(cfg, saved_data_info(values, state))
     model.load_state_dict(state)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     target = torch.device("cuda" if use_cuda else "cpu")
@@ -48,5 +62,7 @@ def generate(
     context = torch.from_numpy(tokens.encode_bytes(prompt).astype("int64"))[None].to(target)
     generator = torch.Generator(target).manual_seed(seed)
     # byte-level tokens: only ids 0-255 are text (the rest is padding of the vocabulary)
-    out = gpt.sample(model, context, n_tokens, temperature, top_k, generator, vocab_size=256)
+    out = sample(
+        model, context, n_tokens, spec.context_length(cfg), temperature, top_k, generator, 256
+    )
     return tokens.decode_bytes(out[0].tolist())

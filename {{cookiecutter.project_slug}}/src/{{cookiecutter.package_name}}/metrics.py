@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import resource
 import time
 from pathlib import Path
@@ -29,18 +28,26 @@ class Metrics:
     """Accumulates per-step values on the device (no host sync) until the next `log`; writes
     `metrics.jsonl` (the source of truth) and, if configured, a tracker (TensorBoard, W&B).
 
-    Throughput is per sample for the MLP and per token for the GPT; MFU is model FLOPs per second
-    over the GPU's peak (`peak_tflops`), the standard definition (PaLM, appendix B).
+    Throughput is per sample for a classifier and per token for a language model; MFU is model
+    FLOPs per second over the GPU's peak (`peak_tflops`), the standard definition (PaLM,
+    appendix B).
     """
 
     def __init__(
-        self, run_dir: Path, env, cfg, flops_per_step: float, units_per_step: int, start_step: int
+        self,
+        run_dir: Path,
+        env,
+        cfg,
+        task,  # the model's models.spec.Task: what throughput counts, extra loss fields
+        flops_per_step: float,
+        units_per_step: int,
+        start_step: int,
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.is_main, self.world, self.cfg = env.is_main, env.world_size, cfg
         self.device = torch.device("cpu")
         self.flops_per_step = flops_per_step
-        self.unit = "tokens" if cfg.model == "gpt" else "samples"
+        self.task, self.unit = task, task.unit
         self.units_per_step = units_per_step  # per rank
         self.loss_sum: torch.Tensor | None = None
         self.loss_steps = 0
@@ -94,8 +101,7 @@ class Metrics:
             "eta_s": (self.cfg.max_steps - step) * step_time,
             "time": time.time(),
         }
-        if self.cfg.model == "gpt":
-            record["loss_bits_per_token"] = loss / math.log(2)
+        record.update(self.task.train_metrics(loss))
         if self.device.type == "cuda":  # MFU against the GPU's peak; meaningless on CPU
             record["mfu"] = self.flops_per_step / step_time / (self.cfg.peak_tflops * 1e12)
         self.loss_sum, self.loss_steps = None, 0

@@ -1,7 +1,8 @@
 """How the model is spread over the ranks: DDP (a full replica per rank) or FSDP2 (parameters,
 gradients and optimizer state sharded over the ranks), plus activation checkpointing and
-torch.compile. Everything here is torch; the model only has to expose its repeated blocks as
-`model.blocks` (the GPT does; the MLP is sharded as one unit).
+torch.compile. Everything here is torch; the model's spec names its repeated blocks
+(`ModelSpec.blocks`: the GPT's transformer blocks; a spec without blocks, like the MLP's, is
+sharded, compiled and never activation-checkpointed as one unit).
 
 When to use which: DDP while the model, its gradients and AdamW's two moments fit on one GPU
 (about 16 bytes per parameter in fp32: ~5B parameters on a 96 GB GH200 before activations);
@@ -31,24 +32,25 @@ class CheckpointedBlock(nn.Module):
         return checkpoint(self.block, x, use_reentrant=False)
 
 
-def blocks_of(model: nn.Module) -> nn.ModuleList | None:
-    return getattr(model, "blocks", None)
+def blocks_of(spec, model: nn.Module) -> nn.ModuleList | None:
+    """The model's repeated blocks, as its spec declares them (None: one unit)."""
+    return None if spec.blocks is None else spec.blocks(model)
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
-    blocks = blocks_of(model)
+def apply_activation_checkpointing(spec, model: nn.Module) -> None:
+    blocks = blocks_of(spec, model)
     if blocks is None:
-        raise ValueError("activation_checkpointing needs a model with `blocks` (model=gpt)")
+        raise ValueError(f"activation_checkpointing needs a model with blocks ({spec.name})")
     for i, block in enumerate(blocks):
         blocks[i] = CheckpointedBlock(block)
 
 
-def apply_compile(model: nn.Module) -> None:
+def apply_compile(spec, model: nn.Module) -> None:
     """Compile each block (the same code, compiled once and reused) or the whole model.
 
     In place (`Module.compile`), so state-dict keys stay those of the plain model.
     """
-    blocks = blocks_of(model)
+    blocks = blocks_of(spec, model)
     if blocks is None:
         model.compile()
         return
@@ -56,7 +58,7 @@ def apply_compile(model: nn.Module) -> None:
         block.compile()
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> None:
+def apply_fsdp(spec, model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> None:
     """FSDP2: each block is one shard unit (its parameters are gathered just before it runs and
     freed after), then the root holds the rest (embeddings, final norm)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -70,21 +72,22 @@ def apply_fsdp(model: nn.Module, device: torch.device, bf16: bool, cpu_offload: 
         )
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
-    for block in blocks_of(model) or []:
+    for block in blocks_of(spec, model) or []:
         fully_shard(block, **options)
     fully_shard(model, **options)
 
 
-def parallelize(model: nn.Module, cfg, world: int, device: torch.device, bf16: bool):
-    """Returns (model, uses_autocast). The model is moved to `device` and wrapped in place."""
+def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, bf16: bool):
+    """Returns (model, uses_autocast). The model is moved to `device` and wrapped in place;
+    `spec` (models.spec.ModelSpec) says which blocks are its units."""
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(spec, model)
     if cfg.compile:
-        apply_compile(model)
+        apply_compile(spec, model)
     if cfg.parallelism == "fsdp" and world > 1:
         if not cfg.cpu_offload:
             model.to(device)
-        apply_fsdp(model, device, bf16, cfg.cpu_offload)
+        apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
         return model, not bf16  # FSDP's policy casts the parameters: no autocast on top
     if cfg.parallelism == "fsdp":
         log.info("parallelism=fsdp with one rank: nothing to shard, training unsharded")

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from . import checkpoint, data, distributed, metrics, parallel, preemption, rundir_lock
-from .config import Config, check_resume, save_config
+from .config import Config, ConfigError, check_resume, check_run_dir_config, save_config
 from .distributed import DistEnv
-from .model import block_size, build_model, flops_per_sample, loss_fn
+from .models import spec_of
+from .models.spec import ModelSpec
 from .prefetch import CudaCopier, Prefetcher, StandInCopier
 
 log = logging.getLogger(__package__)
@@ -33,6 +34,7 @@ class Run:
     """Everything a training step needs, built by `build`."""
 
     cfg: Config
+    spec: ModelSpec  # what the run's model is: its task, blocks, context length
     env: DistEnv
     device: torch.device
     model: torch.nn.Module  # what the step calls: DDP-wrapped, FSDP-sharded or plain
@@ -100,14 +102,16 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     if device.type == "cuda" and cfg.tf32:
         enable_tf32()
     dtype = resolve_precision(cfg, device)
-    source = data.open_source(cfg, block_size(cfg))
+    spec = spec_of(cfg)
+    source = data.open_source(cfg, spec)
     if data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu):
         source.to(device)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    net = build_model(cfg, source.info)
-    flops = flops_per_sample(cfg, net, source.info) * cfg.batch_size * cfg.grad_accum_steps
+    net = spec.build(cfg, source.info)
+    flops = spec.training_flops_per_sample(cfg, net, source.info)
+    flops *= cfg.batch_size * cfg.grad_accum_steps
     bf16 = dtype == torch.bfloat16 and device.type == "cuda"
-    model, use_autocast = parallel.parallelize(net, cfg, env.world_size, device, bf16)
+    model, use_autocast = parallel.parallelize(net, spec, cfg, env.world_size, device, bf16)
     optimizer = make_optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -118,6 +122,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     state = checkpoint.TrainState(step=0, extra={"samples_seen": 0})
     return Run(
         cfg=cfg,
+        spec=spec,
         env=env,
         device=device,
         model=model,
@@ -158,7 +163,7 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
         # others both run without gradient sync).
         with parallel.sync_gradients(run.model, enabled=micro == accum - 1):
             with run.autocast():
-                loss = loss_fn(run.model(x), y)
+                loss = run.spec.task.loss(run.model(x), y)
                 if accum > 1:
                     loss = loss / accum
             run.scaler.scale(loss).backward()
@@ -175,7 +180,7 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, eval_set: list) -> dict:
-    """Held-out loss (and accuracy for the classifier); every rank evaluates its share."""
+    """Held-out loss (and accuracy for a classifier); every rank evaluates its share."""
     run.model.eval()
     totals = torch.zeros(3, device=run.device)  # loss sum, correct, count
     for x, y in eval_set:
@@ -184,13 +189,9 @@ def evaluate(run: Run, eval_set: list) -> dict:
             out = run.model(x)
         correct = (out.argmax(-1) == y).sum().float()
         count = torch.tensor(float(y.numel()), device=run.device)
-        totals += torch.stack([loss_fn(out, y, reduction="sum"), correct, count])
+        totals += torch.stack([run.spec.task.loss(out, y, reduction="sum"), correct, count])
     run.model.train()
-    loss_sum, correct, count = distributed.all_reduce(totals).tolist()
-    loss = loss_sum / max(count, 1)
-    if run.cfg.model == "gpt":  # nats per token, and bits per token (= per byte for bytes)
-        return {"eval_loss": loss, "eval_bits_per_token": loss / math.log(2)}
-    return {"eval_loss": loss, "eval_acc": correct / max(count, 1)}
+    return run.spec.task.eval_metrics(*distributed.all_reduce(totals).tolist())
 
 
 def train(cfg: Config) -> int:
@@ -227,8 +228,25 @@ def hold_run_dir(run_dir: Path, env: DistEnv) -> Iterator[object | None]:
         yield lock
 
 
+def check_unchanged(cfg: Config, env: DistEnv) -> None:
+    """Before DCP reads anything: a changed model or resume-relevant key on a run directory with
+    checkpoints is refused with the list of changes (rank 0 reads, every rank learns it)."""
+    error = None
+    if env.is_main:
+        run_dir = Path(cfg.run_dir)
+        try:
+            has_checkpoints = bool(checkpoint.complete_steps(run_dir / "checkpoints"))
+            check_run_dir_config(cfg, run_dir, has_checkpoints)
+        except ConfigError as err:
+            error = str(err)
+    error = distributed.broadcast_object(error)
+    if error:
+        raise ConfigError(error)
+
+
 def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     """Load the newest good checkpoint into the run, refusing one from a different run."""
+    check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
     if step is None:
         log.info("starting a new run in %s", run.cfg.run_dir)
@@ -263,7 +281,8 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
     )
     resume(run, ckpt)
     run.state.extra.update(
-        config=dataclasses.asdict(cfg),
+        # data_info: what `generate` and `export` need to rebuild the model without the data
+        config=dataclasses.asdict(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
         world_size=env.world_size,
         data_fingerprint=run.source.info.fingerprint,
         git_commit=checkpoint.git_commit(),
@@ -304,11 +323,12 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         cfg.max_steps,
         device,
     )
-    units = cfg.batch_size * cfg.grad_accum_steps * (block_size(cfg) or 1)  # tokens or samples
-    meter = metrics.Metrics(run_dir, env, cfg, run.flops_per_step, units, start)
+    per_sample = run.spec.context_length(cfg) if run.spec.task.unit == "tokens" else 1
+    units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # tokens or samples
+    meter = metrics.Metrics(run_dir, env, cfg, run.spec.task, run.flops_per_step, units, start)
     log.info(
         "%s, %.3g GFLOP per step and rank; checkpoints %s",
-        cfg.model,
+        run.spec.label(cfg),
         run.flops_per_step / 1e9,
         schedule.describe(),
     )

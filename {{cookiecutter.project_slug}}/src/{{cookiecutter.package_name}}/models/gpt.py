@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..config_keys import ConfigError, Key
+from . import spec
+
+if TYPE_CHECKING:
+    from ..data import DataInfo
 
 # GPT-2 sizes (Radford et al. 2019, table 2; the "350m" and "1.3b" names follow GPT-3, table 2.1).
 # "tiny" trains on a CPU in seconds.
@@ -196,40 +203,79 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6.0 * n_params + 12.0 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-@torch.no_grad()
-def sample(
-    model: GPT,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-    vocab_size: int | None = None,
-) -> torch.Tensor:
-    """Append `max_new_tokens` sampled tokens to `idx` (batch, time); returns (batch, time + new).
+def sample(model: GPT, idx: torch.Tensor, max_new_tokens: int, *args, **kwargs) -> torch.Tensor:
+    """`spec.sample` with the model's own context length (see there for the arguments)."""
+    return spec.sample(model, idx, max_new_tokens, model.config.block_size, *args, **kwargs)
 
-    The context is cropped to the model's block_size. temperature 0 picks the most likely token
-    (greedy); top_k keeps only the k most likely tokens. `vocab_size` (the tokenizer's, before
-    padding) keeps the padding rows of the embedding from ever being sampled.
-    """
-    block_size = model.config.block_size
-    was_training = model.training
-    model.eval()
-    try:
-        for _ in range(max_new_tokens):
-            logits = model(idx[:, -block_size:])[:, -1, :].float()
-            if vocab_size is not None:
-                logits = logits[:, :vocab_size]
-            if temperature == 0:
-                next_token = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_token = torch.multinomial(probs, num_samples=1, generator=generator)
-            idx = torch.cat([idx, next_token], dim=1)
-    finally:
-        model.train(was_training)
-    return idx
+
+# ----------------------------------------------------------------- what the training loop uses
+KEYS = (
+    Key(
+        "preset",
+        "gpt2-124m",
+        "sizes for the keys below left at 0; tiny trains on a CPU in seconds",
+        choices=tuple(PRESETS),
+        resume=True,
+    ),
+    Key("n_layer", 0, "transformer blocks (0: the preset's)", bounds=(0, 1024), resume=True),
+    Key("n_head", 0, "attention heads (0: the preset's)", bounds=(0, 1024), resume=True),
+    Key(
+        "n_embd", 0, "width, a multiple of n_head (0: the preset's)", bounds=(0, 65536), resume=True
+    ),
+    Key(
+        "block_size",
+        0,
+        "context length in tokens (0: the preset's)",
+        bounds=(0, 2**20),
+        resume=True,
+    ),
+)
+
+
+def sizes(cfg) -> dict:
+    """The preset's sizes with the config's overrides (0 keeps the preset's)."""
+    values = dict(PRESETS[cfg.preset])
+    for name in values:
+        values[name] = getattr(cfg, name) or values[name]
+    return values
+
+
+def check(cfg) -> None:
+    n_embd, n_head = sizes(cfg)["n_embd"], sizes(cfg)["n_head"]
+    if n_embd % n_head:
+        raise ConfigError(
+            f"config keys 'n_embd' and 'n_head': the width {n_embd} must be a multiple of the "
+            f"number of heads {n_head} (preset {cfg.preset!r}: n_embd "
+            f"{PRESETS[cfg.preset]['n_embd']}, n_head {PRESETS[cfg.preset]['n_head']})"
+        )
+
+
+def config_of(cfg, info: DataInfo) -> GPTConfig:
+    """The GPT of a run: the config's sizes and the dataset's vocabulary (derived here only)."""
+    if cfg.vocab_size and cfg.vocab_size < info.vocab_size:
+        raise ConfigError(
+            f"config key 'vocab_size' is {cfg.vocab_size} but the dataset's tokens go up to "
+            f"{info.vocab_size}; use 0 (the dataset's) or a larger value"
+        )
+    return gpt_config(
+        cfg.preset, cfg.vocab_size or info.vocab_size, **sizes(cfg), dropout=cfg.dropout
+    )
+
+
+def training_flops(cfg, model: nn.Module, info: DataInfo) -> float:
+    """Per window of block_size tokens: the standard 6N + 12LdT per token."""
+    config = config_of(cfg, info)
+    return flops_per_token(config, num_params(model)) * config.block_size
+
+
+SPEC = spec.ModelSpec(
+    name="gpt",
+    task=spec.LANGUAGE_MODEL,
+    build=lambda cfg, info: GPT(config_of(cfg, info)),
+    keys=KEYS,
+    context_length=lambda cfg: sizes(cfg)["block_size"],
+    blocks=lambda model: model.blocks,
+    flops_per_sample=training_flops,
+    check=check,
+    describe=lambda cfg: f"gpt:{cfg.preset}",
+)

@@ -1,0 +1,160 @@
+"""How one config key is declared: `Key(name, default, help, bounds=..., resume=...)`.
+
+Everything about a key is in its declaration: its type (that of the default), the values it
+accepts, whether a checkpoint written with another value may continue, and the line of help the
+docs table shows. The general keys are declared in config.py, each model's own keys in its module
+under models/; validation, the defaults check of configs/default.toml and the docs table are
+derived from these declarations. This module imports nothing of the package, so the models can
+use it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, or its value is not accepted. The message names the key."""
+
+
+_FORMS = {
+    int: "an integer, e.g. 100",
+    float: "a number, e.g. 0.001",
+    bool: "true or false",
+    str: "a string",
+}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key. `bounds` are (low, high), inclusive unless `closed` says otherwise
+    ("[)": high excluded, "(]": low excluded); `choices` lists the accepted strings; `check`
+    is called with the parsed value and raises ConfigError for other forms (see checkpoint_every).
+    `resume=True`: the value shapes the model, data order, optimizer or schedule, so a
+    checkpoint written with another value cannot continue the run (unless force_resume=true)."""
+
+    name: str
+    default: Any
+    help: str
+    bounds: tuple[float, float] | None = None
+    closed: str = "[]"
+    choices: tuple[str, ...] | None = None
+    resume: bool = False
+    check: Callable[[Any], object] | None = None
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    def accepted(self) -> str:
+        """The accepted values in words, for errors and the docs table."""
+        if self.choices:
+            return ", ".join(self.choices)
+        if self.bounds:
+            low, high = self.bounds
+            return f"{self.closed[0]}{_number(low)}, {_number(high)}{self.closed[1]}"
+        return ""
+
+    def parse(self, value: Any) -> Any:
+        """A TOML value or a command-line string -> the key's type, checked."""
+        result = _convert(self.name, self.type, value)
+        self.validate(result)
+        return result
+
+    def validate(self, value: Any) -> None:
+        if self.choices and value not in self.choices:
+            raise ConfigError(
+                f"config key {self.name!r} must be one of {', '.join(self.choices)}; got {value!r}"
+            )
+        if self.bounds:
+            low, high = self.bounds
+            above = value > low if self.closed[0] == "(" else value >= low
+            below = value < high if self.closed[1] == ")" else value <= high
+            if not (above and below):
+                raise ConfigError(
+                    f"config key {self.name!r} must be in {self.accepted()}, got {value!r}"
+                )
+        if self.check is not None:
+            self.check(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _convert(key: str, kind: type, value: Any) -> Any:
+    try:
+        if not isinstance(value, str | int | float | bool):  # a TOML list, table or date
+            raise ValueError(value)
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1", "yes"):
+                return True
+            if str(value).lower() in ("false", "0", "no"):
+                return False
+            raise ValueError(value)
+        if kind is str:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            text = str(value)
+            if not text.isprintable() or len(text) > 4096:  # newlines would break config.toml
+                raise ConfigError(
+                    f"config key {key!r} expects one line of printable text (at most 4096 "
+                    f"characters), got {text[:80]!r}"
+                )
+            return text
+        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise ValueError(value)
+        if isinstance(value, str) and not value.strip().isascii():  # int("١٢") is 12
+            raise ValueError(value)
+        result = kind(value)
+        if kind is float and not math.isfinite(result):
+            raise ValueError(value)
+        return result
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(f"config key {key!r} expects {_FORMS[kind]}, got {value!r}") from None
+
+
+# ------------------------------------------------------------------ checkpoint_every, parsed once
+_INTERVAL = re.compile(r"([0-9]+)|([0-9]+(?:\.[0-9]+)?)min|auto", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """checkpoint_every: every `steps` steps, every `minutes` minutes, Young/Daly (`auto`), or
+    only at the end (all zero)."""
+
+    steps: int = 0
+    minutes: float = 0.0
+    auto: bool = False
+
+
+def parse_interval(text: str) -> Interval:
+    match = _INTERVAL.fullmatch(text)
+    if not match:
+        raise ConfigError(
+            "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "
+            f'("30min"), "auto" or "0" (end only); got {text!r}'
+        )
+    if text == "auto":
+        return Interval(auto=True)
+    if match.group(2) is not None:
+        return Interval(minutes=float(match.group(2)))
+    return Interval(steps=int(match.group(1)))
+
+
+def not_empty(what: str) -> Callable[[str], None]:
+    """A check for a string key that must name something (run_dir= would train into `.`)."""
+
+    def check(value: str) -> None:
+        if not value.strip():
+            raise ConfigError(f"config key {what!r} must not be empty")
+
+    return check

@@ -1,0 +1,55 @@
+"""The models a run can train (`model=<name>`): one module per model in this folder, each with a
+`SPEC` (spec.ModelSpec). To add yours, write models/<yours>.py (see docs/your-model.md) and add
+its module name to MODEL_MODULES: one line. Nothing else in the package knows a model by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..config_keys import ConfigError, Key
+from .spec import ModelSpec
+
+DEFAULT_MODEL = "gpt"  # the `model` config key's default
+MODEL_MODULES = (
+    "gpt",  # a GPT-2 style language model (the default)
+    "mlp",  # the minimal classifier example
+)
+
+
+def _load() -> dict[str, ModelSpec]:
+    specs: dict[str, ModelSpec] = {}
+    for module in MODEL_MODULES:
+        model_spec = importlib.import_module(f".{module}", __name__).SPEC
+        if model_spec.name in specs:
+            raise ImportError(f"two models are named {model_spec.name!r} (models/{module}.py)")
+        specs[model_spec.name] = model_spec
+    return specs
+
+
+MODELS: dict[str, ModelSpec] = _load()
+
+
+def spec_of(cfg) -> ModelSpec:
+    """The spec of the run's model (`cfg.model`)."""
+    try:
+        return MODELS[cfg.model]
+    except KeyError:
+        raise ConfigError(
+            f"config key 'model' must be one of {', '.join(MODELS)}; got {cfg.model!r}"
+        ) from None
+
+
+def model_keys() -> dict[str, tuple[Key, list[str]]]:
+    """Every model's own config keys: name -> (declaration, the models that declare it). Two
+    models may share a key by using the same `Key` object (import it from the other module)."""
+    keys: dict[str, tuple[Key, list[str]]] = {}
+    for name, model_spec in MODELS.items():
+        for key in model_spec.keys:
+            if key.name in keys and keys[key.name][0] != key:
+                raise ImportError(
+                    f"config key {key.name!r} is declared differently by models "
+                    f"{', '.join(keys[key.name][1])} and {name}; rename one or share the Key"
+                )
+            keys.setdefault(key.name, (key, []))[1].append(name)
+    return keys
