@@ -11,15 +11,10 @@ import logging
 import math
 import os
 import re
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 
 log = logging.getLogger(__package__)
 
@@ -265,19 +260,13 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Defaults <- TOML file (flat table of config keys) <- `key=value` overrides."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
-        for key, value in table.items():
-            values[key] = parse_value(key, value)
+def load_config(
+    path: str | Path | Sequence[str | Path] | None, overrides: list[str] = ()
+) -> Config:
+    """Defaults <- TOML files (merged in order, `extends` followed) <- `key=value` overrides."""
+    from .config_files import read_files  # the files' format: config_files.py
+
+    values: dict[str, Any] = read_files(path, parse_value)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
