@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint, data, distributed, metrics, parallel, preemption, rundir_lock
+from . import checkpoint, console, data, distributed, metrics, parallel, preemption, rundir_lock
 from .config import Config, check_resume, save_config
 from .distributed import DistEnv
 from .model import block_size, build_model, flops_per_sample, loss_fn
@@ -312,6 +312,10 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         run.flops_per_step / 1e9,
         schedule.describe(),
     )
+    report = console.Console(
+        cfg, env.is_main, device, run.flops_per_step, block_size(cfg) or 1, start
+    )
+    report.start(run.state.extra["samples_seen"])
     try:
         for step in range(start + 1, cfg.max_steps + 1):
             loss = train_step(run, inputs)
@@ -323,7 +327,9 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
             if cfg.eval_every and step % cfg.eval_every == 0:
-                meter.write({"kind": "eval", "step": step, **evaluate(run, eval_set)})
+                result = evaluate(run, eval_set)
+                meter.write({"kind": "eval", "step": step, **result})
+                report.evaluated(step, result, run.state.extra["samples_seen"])
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
@@ -342,6 +348,9 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                     decision.reason,
                     preemption.REQUEUE_EXIT_CODE,
                 )
+                report.summary(
+                    step, run.state.extra["samples_seen"], ckpt.path(step), decision.reason
+                )
                 return preemption.REQUEUE_EXIT_CODE
         record_written(ckpt.wait(), schedule, meter)
     finally:
@@ -350,5 +359,5 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         ckpt.close()
     if env.is_main:
         preemption.remove_requeue_marker(run_dir)
-    log.info("training finished at step %d", cfg.max_steps)
+    report.summary(cfg.max_steps, run.state.extra["samples_seen"], ckpt.path(cfg.max_steps))
     return 0
