@@ -22,6 +22,7 @@ import torch
 from . import checkpoint, console, data, distributed, metrics, parallel, preemption, rundir_lock
 from .config import Config, check_resume, save_config
 from .distributed import DistEnv
+from .interrupts import SecondSignal
 from .model import block_size, build_model, flops_per_sample, loss_fn
 from .prefetch import CudaCopier, Prefetcher, StandInCopier
 
@@ -197,7 +198,7 @@ def train(cfg: Config) -> int:
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
-        preemption.PreemptionFlag() as flag,
+        preemption.PreemptionFlag(SecondSignal(cfg.run_dir)) as flag,
         distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (
             env,
             device,
