@@ -74,6 +74,8 @@ class Config:
     tracker: str = "none"  # also log to: none, tensorboard, wandb (metrics.jsonl always)
     wandb_project: str = ""  # W&B project ("": the package name)
     wandb_mode: str = "offline"  # offline (compute nodes have no internet), online, disabled
+    profile_steps: str = ""  # "START:END": torch.profiler trace of those steps per rank ("": off)
+    profile_memory: bool = False  # with profile_steps: memory events, CUDA memory snapshot
     # checkpoints
     checkpoint_every: str = "100"  # "N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)
     keep_checkpoints: int = 3  # complete checkpoints kept (at least 2)
@@ -242,6 +244,9 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 f"config key {key!r} must be in [{_number(low)}, {_number(high)}], got {value!r}"
             )
+    from .profiling import parse_window  # profile_steps' format: profiling.py
+
+    parse_window(cfg.profile_steps)
     if not INTERVAL.fullmatch(cfg.checkpoint_every):
         raise ConfigError(
             "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "

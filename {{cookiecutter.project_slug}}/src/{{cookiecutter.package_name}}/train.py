@@ -25,6 +25,7 @@ from .distributed import DistEnv
 from .interrupts import SecondSignal
 from .model import block_size, build_model, flops_per_sample, loss_fn
 from .prefetch import CudaCopier, Prefetcher, StandInCopier
+from .profiling import StepProfiler
 
 log = logging.getLogger(__package__)
 
@@ -317,9 +318,11 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         cfg, env.is_main, device, run.flops_per_step, block_size(cfg) or 1, start
     )
     report.start(run.state.extra["samples_seen"])
+    profiler = StepProfiler(cfg.profile_steps, cfg.profile_memory, env.rank, device, run_dir)
     try:
         for step in range(start + 1, cfg.max_steps + 1):
-            loss = train_step(run, inputs)
+            with profiler.step(step):  # a no-op outside profile_steps
+                loss = train_step(run, inputs)
             run.state.step = step
             run.state.extra["samples_seen"] = batches.samples_seen(step)
             meter.update(loss, inputs)
@@ -355,6 +358,7 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                 return preemption.REQUEUE_EXIT_CODE
         record_written(ckpt.wait(), schedule, meter)
     finally:
+        profiler.close()
         inputs.close()
         meter.close()
         ckpt.close()
