@@ -64,3 +64,9 @@ def test_bad_windows_are_config_errors(text):
     with pytest.raises(ConfigError, match="'profile_steps' expects START:END"):
         load_config(None, [f"profile_steps={text}"])
     assert parse_window("10:12") == (10, 12) and parse_window("5:5") == (5, 5)
+
+
+def test_profile_memory_without_a_window_is_a_config_error():
+    with pytest.raises(ConfigError, match="'profile_memory' needs profile_steps=START:END"):
+        load_config(None, ["profile_memory=true"])
+    assert load_config(None, ["profile_memory=true", "profile_steps=2:3"]).profile_memory

@@ -244,9 +244,9 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 f"config key {key!r} must be in [{_number(low)}, {_number(high)}], got {value!r}"
             )
-    from .profiling import parse_window  # profile_steps' format: profiling.py
+    from .profiling import check_profile_keys  # their format: profiling.py
 
-    parse_window(cfg.profile_steps)
+    check_profile_keys(cfg.profile_steps, cfg.profile_memory)
     if not INTERVAL.fullmatch(cfg.checkpoint_every):
         raise ConfigError(
             "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "

@@ -43,6 +43,13 @@ def parse_window(text: str) -> tuple[int, int] | None:
     return int(match.group(1)), int(match.group(2))
 
 
+def check_profile_keys(profile_steps: str, profile_memory: bool) -> None:
+    if parse_window(profile_steps) is None and profile_memory:
+        raise ConfigError(
+            "config key 'profile_memory' needs profile_steps=START:END, the steps to record"
+        )
+
+
 class StepProfiler:
     """Traces this rank's optimizer steps in the configured window; a no-op outside it."""
 
