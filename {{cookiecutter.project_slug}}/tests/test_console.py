@@ -16,15 +16,17 @@ def messages(caplog, level="INFO"):
     return [r.getMessage() for r in caplog.records if r.levelname == level]
 
 
-def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd):
+def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, monkeypatch):
     run_dir = tmp_path / "run"
+    # the tiny GPT made to look slow, to see the warning come out of a real run
+    monkeypatch.setattr(console, "SLOW_STEP_S", 1e-4)
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 0.01)
     argv = [*TINY, f"run_dir={run_dir}", "max_steps=50", "log_every=25", "eval_every=25"]
     assert main(argv) == 0
-    info = [
-        line.split(" INFO ", 1)[1]
-        for line in capfd.readouterr().err.splitlines()
-        if " INFO " in line
-    ]
+    err = capfd.readouterr().err
+    assert f"training the gpt preset tiny to step 50 on cpu into {run_dir}" in err
+    assert "WARNING this run is large for a CPU: each step needs" in err
+    info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
     evals = [m for m in info if m.startswith("eval step")]
     # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
     eval_line = r"eval step 25/50: loss [0-9.]+ \([0-9.]+ bits/token\), 6.4k tokens seen"
