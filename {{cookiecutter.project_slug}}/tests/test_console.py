@@ -21,25 +21,25 @@ def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, mon
     # the tiny GPT made to look slow, to see the warning come out of a real run
     monkeypatch.setattr(console, "SLOW_STEP_S", 1e-4)
     monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 0.01)
-    argv = [*TINY, f"run_dir={run_dir}", "max_steps=50", "log_every=25", "eval_every=25"]
+    argv = [*TINY, f"run_dir={run_dir}", "max_steps=20", "log_every=10", "eval_every=10"]
     assert main(argv) == 0
     err = capfd.readouterr().err
-    assert f"training the gpt preset tiny to step 50 on cpu into {run_dir}" in err
+    assert f"training the gpt preset tiny to step 20 on cpu into {run_dir}" in err
     assert "WARNING this run is large for a CPU: each step needs" in err
     info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
     evals = [m for m in info if m.startswith("eval step")]
     # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
-    eval_line = r"eval step 25/50: loss [0-9.]+ \([0-9.]+ bits/token\), 6.4k tokens seen"
+    eval_line = r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\), 2.56k tokens seen"
     assert re.fullmatch(eval_line, evals[0])
-    assert evals[1].endswith("12.8k tokens seen") and len(evals) == 2
+    assert evals[1].endswith("5.12k tokens seen") and len(evals) == 2
     losses = [float(m.split("loss ")[1].split()[0]) for m in evals]
-    (summary,) = [m for m in info if m.startswith("training finished at step 50")]
-    assert ", 50 steps in " in summary and " tokens/s overall" in summary
+    (summary,) = [m for m in info if m.startswith("training finished at step 20")]
+    assert ", 20 steps in " in summary and " tokens/s overall" in summary
     best = min(losses)
-    assert f"eval loss best {best:.4f} (step {25 + 25 * losses.index(best)})" in summary
-    assert f"last {losses[-1]:.4f} (step 50)" in summary
+    assert f"eval loss best {best:.4f} (step {10 + 10 * losses.index(best)})" in summary
+    assert f"last {losses[-1]:.4f} (step 20)" in summary
     checkpoint = summary.rsplit("checkpoint ", 1)[1]
-    assert Path(checkpoint) == run_dir / "checkpoints" / "step-00000050"
+    assert Path(checkpoint) == run_dir / "checkpoints" / "step-00000020"
     assert (Path(checkpoint) / "COMPLETE.json").exists()
 
 
