@@ -91,5 +91,8 @@ class SecondSignal:
                 self.run_dir / "checkpoints",
             )
             for handler in logging.getLogger(__package__).handlers + logging.getLogger().handlers:
-                handler.flush()
+                try:
+                    handler.flush()  # os._exit skips it
+                except (OSError, ValueError):  # a closed or broken stream: nothing to save
+                    pass
         self.exit(128 + signum)
