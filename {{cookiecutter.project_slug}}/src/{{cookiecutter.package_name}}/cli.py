@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from . import arguments
 from .config import ConfigError, load_config
 from .distributed import LaunchError, is_collective_timeout
 from .models import MODELS
@@ -22,7 +23,12 @@ PROG = f"python -m {__package__}"
 
 
 def add_config_arguments(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--config", type=Path, help="TOML file, e.g. configs/default.toml")
+    cmd.add_argument(
+        "--config",
+        type=Path,
+        action="append",
+        help="TOML file, e.g. configs/tiny.toml; repeat it to merge several, in order",
+    )
     cmd.add_argument(
         "overrides",
         nargs="*",
@@ -91,7 +97,7 @@ def make_parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="run_dir=DIR", help="the run directory")
     export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
     plot = sub.add_parser("plot", help="PNG of loss and throughput from metrics.jsonl")
-    plot.add_argument("path", type=Path, help="run directory or metrics.jsonl")
+    plot.add_argument("path", metavar="run_dir=DIR", help="the run directory (or a metrics.jsonl)")
     plot.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
     return parser
 
@@ -144,7 +150,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "doctor":
         from .doctor import main as doctor
 
-        return doctor(argv[1:])
+        return doctor(args.doctor_argv)
     if args.command == "generate":
         from .generate import generate
 
@@ -167,7 +173,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "plot":
         from .metrics import plot
 
-        print(f"wrote {plot(args.path, args.out)}")
+        print(f"wrote {plot(run_dir_argument(args.path), args.out)}")
         return 0
     overrides = list(args.overrides)
     if args.command == "benchmark":
@@ -186,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python -m <pkg> --config ... key=value` trains
-    if argv[0] == "doctor":  # doctor parses its own options
-        args = argparse.Namespace(command="doctor")
-    else:
-        args = make_parser().parse_args(argv)
+    args = arguments.parse(make_parser(), argv)  # any order; older spellings too
     if not logging.getLogger(__package__).handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from .checkpoint import CheckpointError

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,8 @@ GENERAL_KEYS = (
     Key("wandb_project", "", 'W&B project ("": the package name)'),
     Key("wandb_mode", "offline", "offline: compute nodes have no internet",
         choices=("offline", "online", "disabled")),
+    Key("profile_steps", "", '"START:END": torch.profiler trace of those steps per rank ("": off)'),
+    Key("profile_memory", False, "with profile_steps: memory events, CUDA memory snapshot"),
     # checkpoints
     Key("checkpoint_every", "100", '"N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)',
         check=parse_interval),
@@ -170,6 +173,9 @@ def validate(cfg) -> Config:
                 f"config key {name!r} belongs to model {' and '.join(owners)}, but this run "
                 f"trains model={cfg.model}; remove it or set model={owners[0]}"
             )
+    from .profiling import check_profile_keys  # their format: profiling.py
+
+    check_profile_keys(cfg.profile_steps, cfg.profile_memory)
     if cfg.min_lr > cfg.lr:
         raise ConfigError(
             f"config key 'min_lr' ({cfg.min_lr:g}) must not exceed 'lr' ({cfg.lr:g}): the "
@@ -187,12 +193,13 @@ def validate(cfg) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Defaults <- TOML file (flat table of config keys) <- `key=value` overrides."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        for key, value in read_toml(path).items():
-            values[key] = parse_value(key, value)
+def load_config(
+    path: str | Path | Sequence[str | Path] | None, overrides: list[str] = ()
+) -> Config:
+    """Defaults <- TOML files (merged in order, `extends` followed) <- `key=value` overrides."""
+    from .config_files import read_files  # the files' format: config_files.py
+
+    values: dict[str, Any] = read_files(path, parse_value)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:

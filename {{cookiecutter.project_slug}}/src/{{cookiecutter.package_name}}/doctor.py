@@ -698,8 +698,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sizes", type=parse_sizes, help="all-reduce sizes, e.g. 1M,64M,1G (default 1M..1G)"
     )
-    parser.add_argument("--run-dir", type=Path, help="run directory to check (writable, striped)")
-    parser.add_argument("--data-dir", type=Path, help="data directory to check")
+    # Written run_dir=DIR data_dir=DIR on the command line, like every command (arguments.py).
+    parser.add_argument("--run-dir", type=Path, help="run_dir=DIR: run directory to check")
+    parser.add_argument("--data-dir", type=Path, help="data_dir=DIR: data directory to check")
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),

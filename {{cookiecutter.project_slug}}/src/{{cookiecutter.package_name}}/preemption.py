@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,14 +22,16 @@ from . import distributed
 
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure
 REQUEUE_MARKER = "REQUEUE"
-SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
 
 
 class PreemptionFlag:
-    """Records SIGUSR2/SIGTERM. Install in the main thread; handlers run between bytecodes."""
+    """Records SIGUSR2/SIGTERM/SIGINT. Install in the main thread; handlers run between
+    bytecodes. `on_signal(signum)` sees each signal first (interrupts.SecondSignal)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
         self.received: int | None = None
+        self.on_signal = on_signal
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> PreemptionFlag:
@@ -41,7 +44,9 @@ class PreemptionFlag:
             signal.signal(sig, handler)
 
     def _handler(self, signum: int, frame) -> None:
-        self.received = signum  # nothing else: no I/O, no logging, no collectives here
+        if self.on_signal is not None:
+            self.on_signal(signum)  # a second SIGINT/SIGTERM exits there
+        self.received = signum  # nothing else: no I/O, no collectives here
 
     @property
     def requested(self) -> bool:

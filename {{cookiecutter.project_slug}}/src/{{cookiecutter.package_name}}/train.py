@@ -19,12 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint, data, distributed, metrics, parallel, preemption, rundir_lock
+from . import checkpoint, console, data, distributed, metrics, parallel, preemption, rundir_lock
 from .config import Config, ConfigError, check_resume, check_run_dir_config, save_config
 from .distributed import DistEnv
+from .interrupts import SecondSignal
 from .models import spec_of
 from .models.spec import ModelSpec
 from .prefetch import CudaCopier, Prefetcher, StandInCopier
+from .profiling import StepProfiler
 
 log = logging.getLogger(__package__)
 
@@ -198,7 +200,7 @@ def train(cfg: Config) -> int:
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
-        preemption.PreemptionFlag() as flag,
+        preemption.PreemptionFlag(SecondSignal(cfg.run_dir)) as flag,
         distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (
             env,
             device,
@@ -332,9 +334,13 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         run.flops_per_step / 1e9,
         schedule.describe(),
     )
+    report = console.Console(cfg, env.is_main, device, run.flops_per_step, per_sample, start)
+    report.start(run.state.extra["samples_seen"])
+    profiler = StepProfiler(cfg.profile_steps, cfg.profile_memory, env.rank, device, run_dir)
     try:
         for step in range(start + 1, cfg.max_steps + 1):
-            loss = train_step(run, inputs)
+            with profiler.step(step):  # a no-op outside profile_steps
+                loss = train_step(run, inputs)
             run.state.step = step
             run.state.extra["samples_seen"] = batches.samples_seen(step)
             meter.update(loss, inputs)
@@ -343,7 +349,9 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
             if cfg.eval_every and step % cfg.eval_every == 0:
-                meter.write({"kind": "eval", "step": step, **evaluate(run, eval_set)})
+                result = evaluate(run, eval_set)
+                meter.write({"kind": "eval", "step": step, **result})
+                report.evaluated(step, result, run.state.extra["samples_seen"])
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
@@ -362,13 +370,17 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                     decision.reason,
                     preemption.REQUEUE_EXIT_CODE,
                 )
+                report.summary(
+                    step, run.state.extra["samples_seen"], ckpt.path(step), decision.reason
+                )
                 return preemption.REQUEUE_EXIT_CODE
         record_written(ckpt.wait(), schedule, meter)
     finally:
+        profiler.close()
         inputs.close()
         meter.close()
         ckpt.close()
     if env.is_main:
         preemption.remove_requeue_marker(run_dir)
-    log.info("training finished at step %d", cfg.max_steps)
+    report.summary(cfg.max_steps, run.state.extra["samples_seen"], ckpt.path(cfg.max_steps))
     return 0

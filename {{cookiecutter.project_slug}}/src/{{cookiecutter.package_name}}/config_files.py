@@ -1,0 +1,86 @@
+"""Config files: read TOML, follow `extends`, merge several files in order.
+
+A file may name a base with `extends = "tiny.toml"` (relative to the file itself); the file's own
+keys then override the base's, so `configs/experiments/*.toml` hold only what differs. Several
+`--config` files merge left to right, each with its bases resolved first; `key=value` overrides
+come after all of them (in `load_config`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+EXTENDS = "extends"
+
+
+def _read_table(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
+
+
+def read_file(
+    path: str | Path,
+    check: Callable[[str, Any], Any],
+    _chain: tuple[Path, ...] = (),
+) -> dict[str, Any]:
+    """The values of one config file with its `extends` chain resolved (base first).
+
+    `check(key, value)` converts a value (config.parse_value); its error gets the file's name.
+    """
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, resolved))
+        raise ConfigError(f"config file {path}: extends forms a cycle: {cycle}")
+    table = _read_table(path)
+    values: dict[str, Any] = {}
+    base = table.pop(EXTENDS, None)
+    if base is not None:
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f'config file {path}: extends must name a file, e.g. "tiny.toml"')
+        base_path = path.parent / base
+        if not base_path.is_file():
+            raise ConfigError(
+                f"config file {path}: extends {base!r}, but {base_path} is not a file "
+                "(the path is relative to the file that names it)"
+            )
+        values.update(read_file(base_path, check, (*_chain, resolved)))
+    for key, value in table.items():
+        try:
+            values[key] = check(key, value)
+        except ConfigError as err:
+            raise ConfigError(f"config file {path}: {err}") from None
+    return values
+
+
+def read_files(
+    paths: str | Path | Sequence[str | Path] | None, check: Callable[[str, Any], Any]
+) -> dict[str, Any]:
+    """Several config files merged in order: a later file's keys override an earlier one's."""
+    if paths is None:
+        return {}
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    values: dict[str, Any] = {}
+    for path in paths:
+        values.update(read_file(path, check))
+    return values

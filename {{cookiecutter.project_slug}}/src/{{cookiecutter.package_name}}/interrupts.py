@@ -1,0 +1,98 @@
+"""A second Ctrl-C or SIGTERM stops the run at once.
+
+The first SIGINT/SIGTERM asks for a clean stop (preemption.py: all ranks finish the step, write a
+checkpoint and exit to be requeued), which can take a slow step plus a checkpoint. A user who
+does not want to wait sends the signal again: the process says so, names the last complete
+checkpoint (where a restart resumes) and exits immediately with 128 + the signal number, the
+status a shell reports for a process killed by that signal. Checkpoints are written atomically,
+so one cut off in the middle is simply not used.
+
+SIGUSR2 (Slurm's advance warning before the time limit) never counts: the SIGTERM that follows
+it at the limit must not cut short the checkpoint the warning started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__package__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# One event can deliver two signals: Ctrl-C under torchrun reaches a worker from the terminal
+# and again from torchrun. Signals this close together count as one.
+SAME_EVENT_S = 0.5
+
+
+def rank_from_env() -> int:
+    """This process's rank before the process group exists (0 when run alone)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def last_complete_checkpoint(run_dir: Path) -> int | None:
+    from .checkpoint import complete_steps
+
+    steps = complete_steps(Path(run_dir) / "checkpoints")
+    return steps[-1] if steps else None
+
+
+class SecondSignal:
+    """Called (from the signal handler) for every signal the run receives."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        exit: Callable[[int], object] = os._exit,  # no cleanup: "at once" means at once
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.run_dir, self.exit, self.clock = Path(run_dir), exit, clock
+        self.first_at: float | None = None
+        self.is_main = rank_from_env() == 0
+
+    def __call__(self, signum: int) -> None:
+        if signum not in STOP_SIGNALS:
+            return
+        name = signal.Signals(signum).name
+        now = self.clock()
+        if self.first_at is None:
+            self.first_at = now
+            if self.is_main:
+                log.warning(
+                    "received %s: stopping cleanly (the ranks agree at their next check, "
+                    "write a checkpoint, then exit); send it again to stop at once",
+                    name,
+                )
+            return
+        if now - self.first_at < SAME_EVENT_S:
+            return
+        self.stop_now(signum)
+
+    def stop_now(self, signum: int) -> None:
+        if self.is_main:
+            step = last_complete_checkpoint(self.run_dir)
+            where = (
+                f"the last complete checkpoint is step {step} (a restart resumes there)"
+                if step is not None
+                else "there is no complete checkpoint yet (a restart begins at step 0)"
+            )
+            log.warning(
+                "received %s, a second stop request: stopping now, without finishing the step "
+                "or the checkpoint; %s in %s",
+                signal.Signals(signum).name,
+                where,
+                self.run_dir / "checkpoints",
+            )
+            for handler in logging.getLogger(__package__).handlers + logging.getLogger().handlers:
+                try:
+                    handler.flush()  # os._exit skips it
+                except (OSError, ValueError):  # a closed or broken stream: nothing to save
+                    pass
+        self.exit(128 + signum)

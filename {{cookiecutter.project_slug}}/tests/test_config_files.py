@@ -1,0 +1,79 @@
+"""Config files: several --config merged in order, `extends`, and options mixed with key=value."""
+
+import pytest
+from conftest import REPO, TINY
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import Config, ConfigError, load_config
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_config_files_merge_in_order(tmp_path):
+    first = write(tmp_path / "a.toml", 'preset = "tiny"\nmax_steps = 40\nlr = 0.001\n')
+    second = write(tmp_path / "b.toml", "max_steps = 7\n")
+    cfg = load_config([first, second], ["lr=0.5"])
+    assert (cfg.preset, cfg.max_steps, cfg.lr) == ("tiny", 7, 0.5)  # b over a, overrides last
+    assert load_config([second, first]).max_steps == 40  # the order decides
+
+
+def test_extends_is_relative_to_the_file_and_the_file_wins(tmp_path):
+    write(tmp_path / "base.toml", 'preset = "tiny"\nbatch_size = 8\nlr = 0.003\n')
+    write(tmp_path / "mid" / "middle.toml", 'extends = "../base.toml"\nbatch_size = 4\n')
+    leaf = write(tmp_path / "mid" / "deep" / "exp.toml", 'extends = "../middle.toml"\nlr = 0.1\n')
+    cfg = load_config(leaf)
+    assert (cfg.preset, cfg.batch_size, cfg.lr) == ("tiny", 4, 0.1)
+
+
+def test_the_example_experiment_is_tiny_plus_its_differences():
+    experiment = REPO / "configs" / "experiments" / "tiny-wide.toml"
+    cfg = load_config(experiment)
+    tiny = load_config(REPO / "configs" / "tiny.toml")
+    changed = {k for k, v in vars(cfg).items() if getattr(tiny, k) != v}
+    assert changed == {"n_embd", "lr", "max_steps"}
+    assert cfg.preset == "tiny" and cfg != Config()
+
+
+def test_extends_cycle_and_missing_base_are_one_line_errors(tmp_path):
+    a = write(tmp_path / "a.toml", 'extends = "b.toml"\n')
+    write(tmp_path / "b.toml", 'extends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="extends forms a cycle") as err:
+        load_config(a)
+    assert "\n" not in str(err.value)
+    self_ref = write(tmp_path / "self.toml", 'extends = "self.toml"\n')
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(self_ref)
+    missing = write(tmp_path / "c.toml", 'extends = "nowhere.toml"\n')
+    with pytest.raises(ConfigError, match=r"extends 'nowhere.toml', but .*nowhere.toml is not"):
+        load_config(missing)
+    bad_key = write(tmp_path / "d.toml", 'extends = "e.toml"\n')
+    write(tmp_path / "e.toml", "max_step = 3\n")
+    with pytest.raises(ConfigError, match=r"config file .*e.toml: unknown config key 'max_step'"):
+        load_config(bad_key)
+
+
+def test_cli_reports_a_cycle_in_one_line_with_status_2(tmp_path, capsys):
+    a = write(tmp_path / "a.toml", 'extends = "a.toml"\n')
+    assert main(["train", "--config", str(a)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "extends forms a cycle" in err and len(err.splitlines()) == 1
+
+
+def test_repeated_config_and_mixed_order_train_and_record_the_resolved_config(
+    tmp_path, single_process
+):
+    base = write(tmp_path / "base.toml", "max_steps = 50\nlog_every = 1\nlr = 0.002\n")
+    change = write(tmp_path / "exp.toml", 'extends = "base.toml"\nmax_steps = 2\n')
+    run_dir = tmp_path / "run"
+    short = [item for item in TINY if not item.startswith("max_steps=")]
+    # options and key=value in any order: key=value before, between and after the --config
+    argv = ["train", f"run_dir={run_dir}", "--config", str(base), *short]
+    argv += ["--config", str(change), "checkpoint_every=0"]
+    assert main(argv) == 0
+    recorded = load_config(run_dir / "config.toml")
+    assert recorded.max_steps == 2 and recorded.lr == 0.01  # exp.toml over base.toml, then TINY
+    assert recorded.checkpoint_every == "0" and recorded.run_dir == str(run_dir)

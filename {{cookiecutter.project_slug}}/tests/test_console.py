@@ -1,0 +1,79 @@
+"""The console: the start line, the slow-CPU warning, eval lines and the closing summary."""
+
+import logging
+import re
+from pathlib import Path
+
+import torch
+from conftest import TINY
+
+from {{ cookiecutter.package_name }} import console
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import Config
+
+
+def messages(caplog, level="INFO"):
+    return [r.getMessage() for r in caplog.records if r.levelname == level]
+
+
+def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, monkeypatch):
+    run_dir = tmp_path / "run"
+    # the tiny GPT made to look slow, to see the warning come out of a real run
+    monkeypatch.setattr(console, "SLOW_STEP_S", 1e-4)
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 0.01)
+    argv = [*TINY, f"run_dir={run_dir}", "max_steps=20", "log_every=10", "eval_every=10"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert f"training the language model gpt:tiny to step 20 on cpu into {run_dir}" in err
+    assert "WARNING this run is large for a CPU: each step needs" in err
+    info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
+    evals = [m for m in info if m.startswith("eval step")]
+    # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
+    eval_line = r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\), 2.56k tokens seen"
+    assert re.fullmatch(eval_line, evals[0])
+    assert evals[1].endswith("5.12k tokens seen") and len(evals) == 2
+    losses = [float(m.split("loss ")[1].split()[0]) for m in evals]
+    (summary,) = [m for m in info if m.startswith("training finished at step 20")]
+    assert ", 20 steps in " in summary and " tokens/s overall" in summary
+    best = min(losses)
+    assert f"eval loss best {best:.4f} (step {10 + 10 * losses.index(best)})" in summary
+    assert f"last {losses[-1]:.4f} (step 20)" in summary
+    checkpoint = summary.rsplit("checkpoint ", 1)[1]
+    assert Path(checkpoint) == run_dir / "checkpoints" / "step-00000020"
+    assert (Path(checkpoint) / "COMPLETE.json").exists()
+
+
+def test_start_line_says_what_the_run_is_about_to_do(caplog):
+    caplog.set_level(logging.INFO)
+    console.Console(Config(), True, torch.device("cpu"), 1e6, 1024, 0).start(0)
+    assert (
+        "training the language model gpt:gpt2-124m to step 300 on cpu into runs/default"
+        in (messages(caplog)[0])
+    )
+    assert not messages(caplog, "WARNING")  # a small step: no warning
+
+
+def test_a_large_preset_on_a_cpu_warns_with_the_estimated_step_time(caplog, monkeypatch):
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 40.0)
+    flops = 6 * 124e6 * 16 * 1024  # gpt2-124m, 16 sequences of 1024 tokens: ~12 TFLOP
+    console.Console(Config(), True, torch.device("cpu"), flops, 1024, 0).start(0)
+    (warning,) = messages(caplog, "WARNING")
+    step_s = flops / 40e9
+    assert f"at least {step_s / 60:.1f} min at this CPU's measured 40 GFLOP/s" in warning
+    assert "300 steps take at least" in warning and "configs/tiny.toml" in warning
+    caplog.clear()
+    console.Console(Config(), True, torch.device("cuda"), flops, 1024, 0).start(0)
+    assert not messages(caplog, "WARNING")  # the same run on a GPU
+
+
+def test_the_real_cpu_measurement_is_positive():
+    assert console.cpu_matmul_gflops(size=64, repeats=2) > 0
+
+
+def test_summary_of_a_stopped_run_and_of_a_run_without_evaluation():
+    report = console.Console(Config(model="mlp"), True, torch.device("cpu"), 1.0, 1, 10)
+    report.start(160)
+    line = report.summary(14, 224, "runs/x/checkpoints/step-00000014", "received SIGTERM")
+    assert line.startswith("stopped at step 14 (received SIGTERM), 4 steps in ")
+    assert "samples/s overall; no evaluation" in line
+    assert line.endswith("checkpoint runs/x/checkpoints/step-00000014")
