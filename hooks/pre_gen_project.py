@@ -332,11 +332,17 @@ def slugified(text: str) -> str:
     return slugify(text)
 
 
+# What cookiecutter.json derives project_slug to when the name slugifies to nothing: not empty,
+# since cookiecutter would then generate into the output directory itself and stop, before this
+# hook, with "... directory already exists".
+EMPTY_SLUG = "-"
+
+
 def empty_slug_error(answers: dict) -> str | None:
     """A project name that slugifies to nothing (e.g. '!!!') leaves the repository, package and
     image names empty: explained once, at the answer that caused it."""
-    name = answers.get("project_name")
-    if answers.get("project_slug") != "" or not isinstance(name, str) or not name.strip():
+    slug, name = answers.get("project_slug"), answers.get("project_name")
+    if slug not in ("", EMPTY_SLUG) or not isinstance(name, str) or not name.strip():
         return None
     if field_error("project_name", name) or slugified(name) != "":
         return None  # a bad name is reported as such; project_slug='' was given explicitly
@@ -348,6 +354,25 @@ def empty_slug_error(answers: dict) -> str | None:
 
 # Derived from project_slug in cookiecutter.json; not reported again when the slug came out empty.
 SLUG_DERIVED = ("project_slug", "package_name", "__derived_image_sqsh")
+_TAGS = ("__ngc_pytorch_tag", "__alps_extended_tag")
+# What cookiecutter.json derives each value from: a bad answer is reported once, at itself, not
+# again at every value derived from it.
+DERIVED_FROM = {
+    "project_slug": ("project_name",),
+    "package_name": ("project_slug",),
+    "__derived_image_tag": _TAGS,
+    "__derived_base_image": _TAGS,
+    "__derived_image_sqsh": ("image_dir", "project_slug", *_TAGS),
+}
+
+
+def derived_from_a_bad_answer(field: str, value: object, answers: dict) -> bool:
+    """Whether value is (or, for a path, contains) an answer that is itself refused."""
+    bad = [s for s in DERIVED_FROM.get(field, ()) if field_error(s, answers.get(s))]
+    if field in PATH_FIELDS and field_error("project_slug", answers.get("project_slug")):
+        slug = str(answers.get("project_slug"))
+        bad += ["project_slug"] if slug and slug in str(value) else []  # the default paths
+    return bool(bad)
 
 
 def validate(answers: dict) -> list[str]:
@@ -360,6 +385,8 @@ def validate(answers: dict) -> list[str]:
             continue  # the template's own values (_template, _output_dir, ...)
         if no_slug and field in SLUG_DERIVED:
             continue
+        if derived_from_a_bad_answer(field, value, answers):
+            continue  # reported at the answer it comes from
         form = no_slug if no_slug and field == "project_name" else field_error(field, value)
         if form:
             shown = value
@@ -408,18 +435,17 @@ def clean_slug_parents(answers: dict) -> None:
         )
 
 
-def remove_template_copy(answers: dict) -> None:
-    """cookiecutter runs a template with a pre_prompt hook from a copy in the temporary directory
-    (`_repo_dir`, /tmp/cookiecutterXXXX/<template>) and removes it only after a successful
-    generation: on a failed hook it would stay behind. Removed here, and only that."""
+def template_copy(answers: dict) -> Path | None:
+    """The copy of the template cookiecutter runs from (`_repo_dir`, made because the template
+    has a pre_prompt hook: /tmp/cookiecutterXXXX/<template>), or None if it is not one."""
     repo_dir = answers.get("_repo_dir")
     if not isinstance(repo_dir, str) or not repo_dir:
-        return
+        return None
     copy = Path(repo_dir).resolve()
     holder = copy.parent
     template = str(answers.get("_template", ""))
     if template and Path(template).expanduser().resolve() == copy:
-        return  # the template itself, not a copy
+        return None  # the template itself
     if (
         holder.parent == Path(tempfile.gettempdir()).resolve()
         and holder.name.startswith("cookiecutter")
@@ -427,10 +453,56 @@ def remove_template_copy(answers: dict) -> None:
         and (copy / "hooks" / "pre_prompt.py").is_file()
         and (copy / "cookiecutter.json").is_file()
     ):
-        shutil.rmtree(holder, ignore_errors=True)
+        return copy
+    return None
+
+
+def remove_template_copy(answers: dict) -> None:
+    """cookiecutter removes its template copy only after a successful generation: after a failed
+    hook it would stay behind. Removed here, with the directory that holds it."""
+    copy = template_copy(answers)
+    if copy:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+_HOLDER_CLEANER = """
+import os, sys, time
+copy, holder = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 600
+while os.path.exists(copy) and time.monotonic() < deadline:
+    time.sleep(0.2)
+try:
+    os.rmdir(holder)
+except OSError:
+    pass
+"""
+
+
+def remove_copy_holder_later(answers: dict) -> None:
+    """After a successful generation cookiecutter removes its template copy but not the
+    directory it made to hold it (/tmp/cookiecutterXXXX): a detached child waits for the copy to
+    go, then removes that directory if it is empty."""
+    copy = template_copy(answers)
+    if copy:
+        subprocess.Popen(
+            [sys.executable, "-c", _HOLDER_CLEANER, str(copy), str(copy.parent)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def remove_this_script() -> None:
+    """cookiecutter runs this hook from a rendered copy in the temporary directory
+    (tmpXXXX.py, holding every answer) and never removes it; Python has read it already."""
+    script = Path(__file__).resolve()
+    if script.parent == Path(tempfile.gettempdir()).resolve() and script.name.startswith("tmp"):
+        script.unlink(missing_ok=True)
 
 
 def main() -> int:
+    remove_this_script()
     errors = validate(ANSWERS)
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
@@ -442,6 +514,7 @@ def main() -> int:
         clean_slug_parents(ANSWERS)
         remove_template_copy(ANSWERS)
         return 1
+    remove_copy_holder_later(ANSWERS)
     return 0
 
 
