@@ -1,5 +1,8 @@
 """Validate every answer before cookiecutter writes anything.
 
+Choice and yes/no answers given on the command line are checked earlier, by hooks/pre_prompt.py
+(cookiecutter checks them itself, with a traceback, before this hook runs).
+
 What this hook can and cannot guarantee: cookiecutter renders every answer with Jinja
 (prompted or given as `key=value` with --no-input) BEFORE any hook runs, so an answer that is
 a Jinja expression has already been evaluated when it arrives here. This hook refuses answers
@@ -223,6 +226,8 @@ def path_error(value: str) -> str | None:
     path = normalised_path(value)
     if path in SHARED_ROOTS:
         return f"a directory of your own, not {path} (a shared or system root)"
+    if path == "${STORE}":
+        return "a subdirectory of ${STORE}, not all of it (the project's store is shared)"
     if path == HOME or re.fullmatch(r"/(users|home)/[^/]+", path):
         return "a subdirectory, not a whole home directory (the EDF would mount it)"
     # /<fs>/scratch/<site> and /capstor/store/<tenant>[/<customer>] hold everyone's directories
@@ -362,7 +367,7 @@ DERIVED_FROM = {
     "package_name": ("project_slug",),
     "__derived_image_tag": _TAGS,
     "__derived_base_image": _TAGS,
-    "__derived_image_sqsh": ("image_dir", "project_slug", *_TAGS),
+    "__derived_image_sqsh": ("image_dir", "project_slug", "__derived_image_tag", *_TAGS),
 }
 
 

@@ -144,6 +144,7 @@ BAD_ANSWERS = [
     ("data_dir", "${USER}/data", "${SCRATCH}, ${HOME} or ${STORE}"),  # relative
     ("data_dir", "${SCRATCH}data", "${SCRATCH}, ${HOME} or ${STORE}"),
     ("data_dir", "/data/${SCRATCH}", "${USER} after the start only"),
+    ("data_dir", "${STORE}/", "not all of it"),
     ("image_dir", "/iopsstor", "shared or system root"),
     ("data_dir", "relative/data", "absolute path"),
     ("data_dir", '/scratch/"quoted"', "absolute path"),
@@ -206,7 +207,8 @@ def test_bad_answer_is_refused_and_leaves_nothing(tmp_path, field, value, form):
     assert form in line
     assert [x for x in proc.stderr.splitlines() if x.startswith("error: ")] == [line]
     if field in PRE_PROMPT_FIELDS:  # refused before cookiecutter's own check: no traceback
-        assert "Traceback" not in proc.stderr and "Pre-Prompt Hook script failed" in proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert proc.stdout.strip() == "Pre-Prompt Hook script failed"  # cookiecutter's one line
     else:  # the only traceback is cookiecutter's own report of the failed hook, after our line
         assert proc.stderr.count("Traceback") <= 1
         assert "FailedHookException" in proc.stderr or "Traceback" not in proc.stderr
@@ -363,6 +365,29 @@ ACCEPTED_CASES = [
         "accepted: cookiecutter turns them into true/false",
         "test_git_init_accepts_old_yes_no",
     ),
+    (
+        "Markdown in free text: `# x`, `* x`, `1. x`, `> x`, `<script>`, `[x](y)`, backticks, "
+        "`|`, `~~x~~`, `$x$`, `&lt;`",
+        "accepted and escaped: the README title and description and the docs/answers.md row "
+        "render as exactly the text given (checked with a CommonMark parser)",
+        "test_markup_in_free_text_renders_as_plain_text",
+    ),
+    (
+        "e-mail forms such as `a.b.c@x.org`, `ada+alps@example.org`, `a_b%c-d@x-y.example.org`, "
+        "`ada@xn--bcher-kva.ch`, a 64-character local part, a 63-character domain label",
+        "accepted: setuptools builds the package metadata with each (listed and 40 random ones)",
+        "test_every_accepted_email_form_builds_package_metadata",
+    ),
+    (
+        "`${SCRATCH}/x`, `${HOME}/data`, `${STORE}/ds`, `/capstor/scratch/cscs/${USER}/r`",
+        "accepted: the documented Alps variables, in the place where each makes an absolute path",
+        "test_known_variables_in_paths_are_accepted",
+    ),
+    (
+        "`project_name=!!!` with `project_slug=bangs`",
+        "accepted: the slug given is used",
+        "test_explicit_slug_rescues_a_name_without_letters",
+    ),
 ]
 
 
@@ -478,7 +503,7 @@ def render_markdown_template(source: str, **values: str) -> str:
     return env.from_string(header + source).render(**values)
 
 
-@pytest.mark.parametrize("text", MARKUP)
+@pytest.mark.parametrize("text", MARKUP, ids=[f"markup-{i}" for i in range(len(MARKUP))])
 def test_markup_in_free_text_renders_as_plain_text(tmp_path, text):
     """The README's title and description lines and an answers.md table row, rendered by a
     CommonMark parser: exactly the answer as text, no heading, list, link, HTML or code."""
