@@ -1,5 +1,8 @@
 """Validate every answer before cookiecutter writes anything.
 
+Choice and yes/no answers given on the command line are checked earlier, by hooks/pre_prompt.py
+(cookiecutter checks them itself, with a traceback, before this hook runs).
+
 What this hook can and cannot guarantee: cookiecutter renders every answer with Jinja
 (prompted or given as `key=value` with --no-input) BEFORE any hook runs, so an answer that is
 a Jinja expression has already been evaluated when it arrives here. This hook refuses answers
@@ -19,8 +22,11 @@ import keyword
 import os
 import posixpath
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import unicodedata
 from pathlib import Path
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
@@ -35,11 +41,26 @@ CHOICES = {
 # git_init is a boolean; "yes"/"no" still come from .cruft.json files of older template versions.
 BOOLEANS = {"git_init": (True, False, "yes", "no")}
 
-# Free text ends up in TOML strings (rendered with tojson) and in comments: it may contain
-# quotes, $, backticks, ; and backslashes, but no control characters (a newline would end a
-# comment in a shell script) and nothing outside the Basic Multilingual Plane (JSON would
-# escape it as a surrogate pair, which TOML rejects).
+# Free text ends up in TOML strings (rendered with tojson), in comments and in Markdown (escaped
+# there, see templates/markdown.j2): it may contain quotes, $, backticks, ; and backslashes, but
+# only printable characters, and nothing outside the Basic Multilingual Plane (JSON would escape
+# it as a surrogate pair, which TOML rejects).
 FREE_TEXT = ("project_name", "description", "author_name")
+# Unicode categories that are not printable text: controls (Cc: newline, tab, NEL U+0085, the C1
+# controls), format characters (Cf: the bidi embeddings, overrides and isolates U+202A-U+202E and
+# U+2066-U+2069, the marks U+200E/U+200F/U+061C, zero-width characters, the BOM U+FEFF), line and
+# paragraph separators (Zl U+2028, Zp U+2029: line ends for Python, JavaScript and editors),
+# surrogates, private-use and unassigned code points. A bidi control can make a line show text
+# in an order other than the one the shell and TOML read.
+NOT_PRINTABLE = {
+    "Cc": "a control character",
+    "Cf": "an invisible format or bidi control character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Cs": "a surrogate",
+    "Co": "a private-use character",
+    "Cn": "an unassigned code point",
+}
 
 # Every answer has a length limit; the message states it.
 MAX_LENGTH = {
@@ -63,12 +84,20 @@ MAX_LENGTH = {
 }
 
 # ${NAME} references are expanded by bash and by the Container Engine alike; other shell
-# syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path.
-_VAR = r"\$\{[A-Z_][A-Z0-9_]*\}"
-PATH_RE = rf"(?:/|{_VAR})(?:[A-Za-z0-9_.+@/-]|{_VAR})*"
+# syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path. Only these
+# Alps variables (alps-facts, storage table) may appear: one that holds an absolute directory may
+# start the path, ${USER} may follow an absolute start (/capstor/scratch/cscs/${USER}). Any other
+# variable could hold anything (${IFS} splits words, ${PATH} is a list, an unset one is an error
+# in an EDF), and ${USER}/data would be a relative path.
+PATH_START_VARIABLES = ("SCRATCH", "HOME", "STORE")  # $STORE: only on some clusters (Daint)
+PATH_INNER_VARIABLES = ("USER",)
+_START = "|".join(PATH_START_VARIABLES)
+_INNER = "|".join(PATH_INNER_VARIABLES)
+# (built by concatenation: two braces in a row would start a Jinja expression in this file)
+PATH_RE = r"(?:/|\$\{(?:" + _START + r")\}(?=/|$))(?:[A-Za-z0-9_.+@/-]|\$\{(?:" + _INNER + r")\})*"
 PATH_FORM = (
-    "an absolute path or one starting with ${VAR}, e.g. ${SCRATCH}/ce-images; "
-    "letters, digits, _ . + @ - / and ${VAR} only"
+    "an absolute path, or one starting with ${SCRATCH}, ${HOME} or ${STORE}, e.g. "
+    "${SCRATCH}/ce-images; letters, digits, _ . + @ - / and ${USER} after the start only"
 )
 PATH_FIELDS = ("image_dir", "data_dir", "checkpoint_dir")
 
@@ -79,9 +108,14 @@ PATTERNS: dict[str, tuple[str, str]] = {
         "lowercase letters and digits in words joined by '-', e.g. my-project",
     ),
     "package_name": (r"[a-z][a-z0-9_]*", "a lowercase Python identifier, e.g. my_project"),
+    # What setuptools writes into the metadata as an address (Python's e-mail parser): the
+    # local part is dot-atoms (no leading, trailing or double dot), the domain is DNS labels
+    # that neither start nor end with '-', joined by single dots, ending in a letter-only TLD.
     "author_email": (
-        r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
-        "an e-mail address, e.g. ada@example.org",
+        r"(?=[^@]{1,64}@)[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*"
+        r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}",
+        "an e-mail address such as ada@example.org: dot-separated words of letters, digits and "
+        "_ % + - before the @ (at most 64 characters), a domain name after it",
     ),
     "account": (
         r"([A-Za-z0-9][A-Za-z0-9_-]*)?",
@@ -139,6 +173,8 @@ SHADOWED_MODULES = frozenset(
         *("accelerate", "lightning", "pytorch_lightning", "tensorboard", "wandb", "mpi4py"),
         *("packaging", "typing_extensions", "filelock", "fsspec", "requests", "tqdm", "tomli"),
         *("h5py", "psutil", "six", "attr", "attrs", "click", "rich", "google", "ipython"),
+        # imported by every interpreter start (site.py) where they are on sys.path
+        *("sitecustomize", "usercustomize"),
     }
 )
 
@@ -190,6 +226,8 @@ def path_error(value: str) -> str | None:
     path = normalised_path(value)
     if path in SHARED_ROOTS:
         return f"a directory of your own, not {path} (a shared or system root)"
+    if path == "${STORE}":
+        return "a subdirectory of ${STORE}, not all of it (the project's store is shared)"
     if path == HOME or re.fullmatch(r"/(users|home)/[^/]+", path):
         return "a subdirectory, not a whole home directory (the EDF would mount it)"
     # /<fs>/scratch/<site> and /capstor/store/<tenant>[/<customer>] hold everyone's directories
@@ -238,12 +276,26 @@ def text_error(field: str, value: str) -> str | None:
     return None
 
 
+def edge_space_error(value: str) -> str | None:
+    """Leading or trailing white space (a trailing space fails the generated repo's own
+    trailing-whitespace check; a leading one changes what Markdown makes of a line)."""
+    if value and value != value.strip():
+        return "no leading or trailing spaces (remove them)"
+    return None
+
+
 def free_text_error(value: str) -> str | None:
     if not value.strip():
         return "one line of printable text, not empty"
-    if any(ord(ch) < 32 or ord(ch) == 127 or ord(ch) > 0xFFFF for ch in value):
-        return "one line of printable characters (no newlines, tabs or other control characters)"
-    return None
+    for ch in value:
+        kind = NOT_PRINTABLE.get(unicodedata.category(ch))
+        if kind or ord(ch) > 0xFFFF:
+            kind = kind or "a character outside the Basic Multilingual Plane"
+            return (
+                "one line of printable characters (no newlines, tabs or other control "
+                f"characters): {kind} U+{ord(ch):04X} was given"
+            )
+    return edge_space_error(value)
 
 
 def field_error(field: str, value: object) -> str | None:
@@ -267,22 +319,80 @@ def field_error(field: str, value: object) -> str | None:
         return path_error(value)
     if field == "package_name" and (keyword.iskeyword(value) or value in SHADOWED_MODULES):
         return (
-            "a name that does not shadow a Python keyword, a standard-library module or a module "
-            "of the NGC image or uenv (torch, numpy, pip, setuptools, pytest, triton, ...)"
+            "a name that does not shadow a Python keyword, a standard-library module, a module "
+            "the interpreter imports at start-up (sitecustomize, usercustomize) or a module of "
+            "the NGC image or uenv (torch, numpy, pip, setuptools, pytest, triton, ...)"
         )
     if field == "time_limit":
         return time_limit_error(value)
     return None
 
 
+def slugified(text: str) -> str:
+    """The project_slug cookiecutter.json derives from a project name (its `slugify` filter)."""
+    try:
+        from slugify import slugify  # python-slugify, which cookiecutter itself imports
+    except ImportError:  # pragma: no cover - cookiecutter always has it
+        return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slugify(text)
+
+
+# What cookiecutter.json derives project_slug to when the name slugifies to nothing: not empty,
+# since cookiecutter would then generate into the output directory itself and stop, before this
+# hook, with "... directory already exists".
+EMPTY_SLUG = "-"
+
+
+def empty_slug_error(answers: dict) -> str | None:
+    """A project name that slugifies to nothing (e.g. '!!!') leaves the repository, package and
+    image names empty: explained once, at the answer that caused it."""
+    slug, name = answers.get("project_slug"), answers.get("project_name")
+    if slug not in ("", EMPTY_SLUG) or not isinstance(name, str) or not name.strip():
+        return None
+    if field_error("project_name", name) or slugified(name) != "":
+        return None  # a bad name is reported as such; project_slug='' was given explicitly
+    return (
+        "a name with at least one letter or digit: the repository name project_slug is "
+        "derived from it and came out empty (or give project_slug=my-project too)"
+    )
+
+
+# Derived from project_slug in cookiecutter.json; not reported again when the slug came out empty.
+SLUG_DERIVED = ("project_slug", "package_name", "__derived_image_sqsh")
+_TAGS = ("__ngc_pytorch_tag", "__alps_extended_tag")
+# What cookiecutter.json derives each value from: a bad answer is reported once, at itself, not
+# again at every value derived from it.
+DERIVED_FROM = {
+    "project_slug": ("project_name",),
+    "package_name": ("project_slug",),
+    "__derived_image_tag": _TAGS,
+    "__derived_base_image": _TAGS,
+    "__derived_image_sqsh": ("image_dir", "project_slug", "__derived_image_tag", *_TAGS),
+}
+
+
+def derived_from_a_bad_answer(field: str, value: object, answers: dict) -> bool:
+    """Whether value is (or, for a path, contains) an answer that is itself refused."""
+    bad = [s for s in DERIVED_FROM.get(field, ()) if field_error(s, answers.get(s))]
+    if field in PATH_FIELDS and field_error("project_slug", answers.get("project_slug")):
+        slug = str(answers.get("project_slug"))
+        bad += ["project_slug"] if slug and slug in str(value) else []  # the default paths
+    return bool(bad)
+
+
 def validate(answers: dict) -> list[str]:
     """One message per invalid answer (empty list: all valid). Settings that are not asked
     (`__key`, given as `__key=value`) are checked too, and `_key` values that reach a file."""
     errors = []
+    no_slug = empty_slug_error(answers)
     for field, value in answers.items():
         if field.startswith("_") and not field.startswith("__") and field not in PATTERNS:
             continue  # the template's own values (_template, _output_dir, ...)
-        form = field_error(field, value)
+        if no_slug and field in SLUG_DERIVED:
+            continue
+        if derived_from_a_bad_answer(field, value, answers):
+            continue  # reported at the answer it comes from
+        form = no_slug if no_slug and field == "project_name" else field_error(field, value)
         if form:
             shown = value
             if isinstance(value, str):  # a lone surrogate cannot be printed as it is
@@ -330,7 +440,74 @@ def clean_slug_parents(answers: dict) -> None:
         )
 
 
+def template_copy(answers: dict) -> Path | None:
+    """The copy of the template cookiecutter runs from (`_repo_dir`, made because the template
+    has a pre_prompt hook: /tmp/cookiecutterXXXX/<template>), or None if it is not one."""
+    repo_dir = answers.get("_repo_dir")
+    if not isinstance(repo_dir, str) or not repo_dir:
+        return None
+    copy = Path(repo_dir).resolve()
+    holder = copy.parent
+    template = str(answers.get("_template", ""))
+    if template and Path(template).expanduser().resolve() == copy:
+        return None  # the template itself
+    if (
+        holder.parent == Path(tempfile.gettempdir()).resolve()
+        and holder.name.startswith("cookiecutter")
+        and [p.name for p in holder.iterdir()] == [copy.name]
+        and (copy / "hooks" / "pre_prompt.py").is_file()
+        and (copy / "cookiecutter.json").is_file()
+    ):
+        return copy
+    return None
+
+
+def remove_template_copy(answers: dict) -> None:
+    """cookiecutter removes its template copy only after a successful generation: after a failed
+    hook it would stay behind. Removed here, with the directory that holds it."""
+    copy = template_copy(answers)
+    if copy:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+_HOLDER_CLEANER = """
+import os, sys, time
+copy, holder = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 600
+while os.path.exists(copy) and time.monotonic() < deadline:
+    time.sleep(0.2)
+try:
+    os.rmdir(holder)
+except OSError:
+    pass
+"""
+
+
+def remove_copy_holder_later(answers: dict) -> None:
+    """After a successful generation cookiecutter removes its template copy but not the
+    directory it made to hold it (/tmp/cookiecutterXXXX): a detached child waits for the copy to
+    go, then removes that directory if it is empty."""
+    copy = template_copy(answers)
+    if copy:
+        subprocess.Popen(
+            [sys.executable, "-c", _HOLDER_CLEANER, str(copy), str(copy.parent)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def remove_this_script() -> None:
+    """cookiecutter runs this hook from a rendered copy in the temporary directory
+    (tmpXXXX.py, holding every answer) and never removes it; Python has read it already."""
+    script = Path(__file__).resolve()
+    if script.parent == Path(tempfile.gettempdir()).resolve() and script.name.startswith("tmp"):
+        script.unlink(missing_ok=True)
+
+
 def main() -> int:
+    remove_this_script()
     errors = validate(ANSWERS)
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
@@ -340,7 +517,9 @@ def main() -> int:
             file=sys.stderr,
         )
         clean_slug_parents(ANSWERS)
+        remove_template_copy(ANSWERS)
         return 1
+    remove_copy_holder_later(ANSWERS)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -11,12 +12,17 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE_DIR, clean_env, run
+from conftest import TEMPLATE_DIR, answers, clean_env, load_hook, run
+from jinja2 import Environment, FileSystemLoader
+from markdown_it import MarkdownIt
 
 
 def cookiecutter(out: Path, *options: str, **answers: str) -> subprocess.CompletedProcess:
-    """Run the cookiecutter CLI as a user would (default: --no-input with these answers)."""
+    """Run the cookiecutter CLI as a user would (default: --no-input with these answers).
+    Its temporary directory is out/../tmp, so that a template copy left there shows."""
     args = [f"{k}={v}" for k, v in answers.items()]
+    tmp = out.parent / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [
             sys.executable,
@@ -31,18 +37,13 @@ def cookiecutter(out: Path, *options: str, **answers: str) -> subprocess.Complet
         capture_output=True,
         text=True,
         timeout=120,
+        env={**clean_env(), "TMPDIR": str(tmp)},
     )
 
 
-# Refused by cookiecutter itself (choice and boolean answers), before any hook runs.
-COOKIECUTTER_REFUSES = {
-    "cluster": "{value} provided for choice variable cluster",
-    "env_flavour": "{value} provided for choice variable env_flavour",
-    "container_base": "{value} provided for choice variable container_base",
-    "launcher": "{value} provided for choice variable launcher",
-    "ci": "{value} provided for choice variable ci",
-    "git_init": "{value} provided for variable git_init could not be converted to a boolean",
-}
+# Choice and yes/no answers: cookiecutter checks them while loading cookiecutter.json, before
+# the pre-generation hook; hooks/pre_prompt.py checks them first (from the command line).
+PRE_PROMPT_FIELDS = ("cluster", "env_flavour", "container_base", "launcher", "ci", "git_init")
 LATIN1_NAME = "caf\udce9"  # the byte 0xE9 (Latin-1 e-acute) as Python passes it on undecoded
 LONG = "x" * 300
 
@@ -66,9 +67,27 @@ BAD_ANSWERS = [
     ("package_name", "flash_attn", "does not shadow"),
     ("package_name", "test", "does not shadow"),
     ("package_name", "conftest", "does not shadow"),
+    ("package_name", "sitecustomize", "imports at start-up"),
+    ("package_name", "usercustomize", "imports at start-up"),
     ("project_name", "two\nlines", "no newlines"),
     ("project_name", LATIN1_NAME, "valid UTF-8"),
     ("project_name", "x" * 101, "at most 100 characters"),
+    ("project_name", "!!!", "at least one letter or digit"),
+    ("project_name", "Foo ", "no leading or trailing spaces"),
+    ("project_name", " Foo", "no leading or trailing spaces"),
+    ("project_name", "Foo\u00a0", "no leading or trailing spaces"),  # a no-break space
+    ("project_name", "next\u0085line", "control character U+0085"),  # NEL
+    ("project_name", "csi\u009b31m", "control character U+009B"),  # a C1 control
+    ("project_name", "line\u2028sep", "line separator U+2028"),
+    ("project_name", "para\u2029sep", "paragraph separator U+2029"),
+    ("project_name", "\ufeffBOM", "format or bidi control character U+FEFF"),
+    ("description", "safe \u202etxt.exe", "bidi control character U+202E"),  # RLO
+    ("description", "isolate \u2066x\u2069", "bidi control character U+2066"),
+    ("description", "zero\u200bwidth", "format or bidi control character U+200B"),
+    ("description", "private \ue000", "private-use character U+E000"),
+    ("description", "trailing ", "no leading or trailing spaces"),
+    ("author_name", "Ada\u200f", "bidi control character U+200F"),  # RLM
+    ("author_name", " Ada", "no leading or trailing spaces"),
     ("description", "tab\there", "no newlines, tabs"),
     ("description", "emoji \U0001f600", "printable characters"),
     ("description", "{% raw %}{{ config }}{% endraw %}", "no template syntax"),
@@ -77,6 +96,13 @@ BAD_ANSWERS = [
     ("author_email", "not-an-email", "e-mail address"),
     ("author_email", 'a"@b.org', "e-mail address"),
     ("author_email", "a@" + "b" * 250 + ".org", "at most 254 characters"),
+    ("author_email", ".a..b.@x.org", "dot-separated words"),  # pip could not install these
+    ("author_email", "a.@b.org", "dot-separated words"),
+    ("author_email", "a@b..org", "a domain name after it"),
+    ("author_email", "a@-x.org", "a domain name after it"),
+    ("author_email", "a@localhost", "a domain name after it"),
+    ("author_email", "a" * 65 + "@x.org", "at most 64 characters"),
+    ("author_email", "ada@example.org ", "e-mail address"),
     ("account", "a-g34; rm -rf ~", "Slurm account"),
     ("account", "$(id)", "Slurm account"),
     ("account", "a" * 65, "at most 64 characters"),
@@ -88,6 +114,8 @@ BAD_ANSWERS = [
     ("_lustre_layout", "-c 1 $(touch /tmp/x)", "lfs setstripe options"),
     ("_lustre_layout", "-c ٣٢", "lfs setstripe options"),
     ("cluster", "eiger", "one of clariden, daint, santis"),
+    ("cluster", "Clariden", "in lowercase, as listed"),
+    ("launcher", "SRUN", "in lowercase, as listed"),
     ("env_flavour", "docker", "one of container, uenv, both"),
     ("container_base", "ubuntu", "one of ngc, alps-extended"),
     ("launcher", "mpirun", "one of srun, torchrun"),
@@ -109,7 +137,14 @@ BAD_ANSWERS = [
     ("time_limit", "\u0661\u0662", "Slurm time limit"),  # Arabic-Indic 12
     ("time_limit", "99999999999999999999", "at most 16 characters"),
     ("time_limit", "8-00:00:00", "1 minute to 7 days"),
-    ("image_dir", "$SCRATCH/images", "${VAR}"),
+    ("image_dir", "$SCRATCH/images", "${SCRATCH}"),
+    ("image_dir", "${IFS}", "${SCRATCH}, ${HOME} or ${STORE}"),
+    ("image_dir", "${PATH}/images", "${SCRATCH}, ${HOME} or ${STORE}"),
+    ("image_dir", "/x/${IFS}y", "${USER} after the start only"),
+    ("data_dir", "${USER}/data", "${SCRATCH}, ${HOME} or ${STORE}"),  # relative
+    ("data_dir", "${SCRATCH}data", "${SCRATCH}, ${HOME} or ${STORE}"),
+    ("data_dir", "/data/${SCRATCH}", "${USER} after the start only"),
+    ("data_dir", "${STORE}/", "not all of it"),
     ("image_dir", "/iopsstor", "shared or system root"),
     ("data_dir", "relative/data", "absolute path"),
     ("data_dir", '/scratch/"quoted"', "absolute path"),
@@ -145,13 +180,15 @@ def rendered(value: str) -> str:
 
 
 def leftovers(tmp_path: Path) -> list[str]:
-    """Everything under tmp_path but the empty output directory (waits for the hook's cleaner
-    of a slug's parent directories, which runs once cookiecutter has removed the project)."""
+    """Everything under tmp_path but the empty output and temporary directories (waits for the
+    hook's cleaner of a slug's parent directories, which runs once cookiecutter has removed the
+    project). A copy of the template left in the temporary directory counts."""
     deadline = time.monotonic() + 10
     while True:
         found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-        if found in ([], ["out"]) or time.monotonic() > deadline:
-            return [f for f in found if f != "out"]
+        found = [f for f in found if f not in ("out", "tmp")]
+        if not found or time.monotonic() > deadline:
+            return found
         time.sleep(0.1)
 
 
@@ -164,17 +201,18 @@ def test_bad_answer_is_refused_and_leaves_nothing(tmp_path, field, value, form):
     out = tmp_path / "out"
     proc = cookiecutter(out, **{field: value})
     assert proc.returncode != 0
-    if field in COOKIECUTTER_REFUSES:
-        assert COOKIECUTTER_REFUSES[field].format(value=value) in proc.stderr, proc.stderr
-    else:
-        message = f"error: {field} = {shown(rendered(value))!r} is invalid: expected "
-        assert message in proc.stderr, proc.stderr[-3000:]
-        line = next(x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = "))
-        assert form in line
-        # the only traceback is cookiecutter's own report of the failed hook, after our lines
+    message = f"error: {field} = {shown(rendered(value))!r} is invalid: expected "
+    assert message in proc.stderr, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith(f"error: {field} = "))
+    assert form in line
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error: ")] == [line]
+    if field in PRE_PROMPT_FIELDS:  # refused before cookiecutter's own check: no traceback
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert proc.stdout.strip() == "Pre-Prompt Hook script failed"  # cookiecutter's one line
+    else:  # the only traceback is cookiecutter's own report of the failed hook, after our line
         assert proc.stderr.count("Traceback") <= 1
         assert "FailedHookException" in proc.stderr or "Traceback" not in proc.stderr
-    assert leftovers(tmp_path) == [], "a half-generated repo was left behind"
+    assert leftovers(tmp_path) == [], "a half-generated repo or a template copy was left behind"
 
 
 def test_all_errors_reported_at_once(tmp_path):
@@ -185,6 +223,10 @@ def test_all_errors_reported_at_once(tmp_path):
         "error: time_limit",
         "error: account",
     }
+    proc = cookiecutter(tmp_path / "out", cluster="Daint", ci="GitLab", git_init="maybe")
+    errors = [x.split(" = ")[0] for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert errors == ["error: cluster", "error: ci", "error: git_init"]
+    assert leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("limit", ["30", "90:00", "01:00:00", "1-0", "1-12:00", "2-00:00:00"])
@@ -194,6 +236,25 @@ def test_slurm_time_forms_accepted(tmp_path, limit):
 
 
 HOSTILE = 'Ada\'s "model" $(touch pwned) `touch pwned2`; rm -rf / \\ & <b> {x}'
+
+# CommonMark with GitHub's tables and strikethrough, as GitHub/GitLab render a README
+MARKDOWN = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+
+
+def markdown_title_and_first_paragraph(readme: Path) -> tuple[str, str]:
+    """The text of a rendered README's first heading and first paragraph; fails if either
+    holds anything but plain text (a link, emphasis, code, HTML ...) or is not at the top."""
+    tokens = MARKDOWN.parse(readme.read_text())
+    kinds = [t.type for t in tokens[:6]]
+    assert kinds == ["heading_open", "inline", "heading_close"] + [
+        "paragraph_open",
+        "inline",
+        "paragraph_close",
+    ], kinds
+    assert tokens[0].tag == "h1"
+    for inline in (tokens[1], tokens[4]):
+        assert [c.type for c in inline.children] == ["text"], inline.children
+    return tokens[1].children[0].content, tokens[4].children[0].content
 
 
 def test_free_text_is_rendered_safely(tmp_path):
@@ -214,7 +275,7 @@ def test_free_text_is_rendered_safely(tmp_path):
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     assert project["description"] == HOSTILE
     assert project["authors"][0]["name"] == HOSTILE
-    assert (repo / "README.md").read_text().startswith(f"# {HOSTILE}\n")
+    assert markdown_title_and_first_paragraph(repo / "README.md") == (HOSTILE, HOSTILE)
     scripts = sorted(str(p) for p in repo.rglob("*") if p.suffix in {".sh", ".sbatch"})
     run(["shellcheck", "--shell=bash", *scripts], cwd=repo)
     for script in scripts:
@@ -304,6 +365,29 @@ ACCEPTED_CASES = [
         "accepted: cookiecutter turns them into true/false",
         "test_git_init_accepts_old_yes_no",
     ),
+    (
+        "Markdown in free text: `# x`, `* x`, `1. x`, `> x`, `<script>`, `[x](y)`, backticks, "
+        "`|`, `~~x~~`, `$x$`, `&lt;`",
+        "accepted and escaped: the README title and description and the docs/answers.md row "
+        "render as exactly the text given (checked with a CommonMark parser)",
+        "test_markup_in_free_text_renders_as_plain_text",
+    ),
+    (
+        "e-mail forms such as `a.b.c@x.org`, `ada+alps@example.org`, `a_b%c-d@x-y.example.org`, "
+        "`ada@xn--bcher-kva.ch`, a 64-character local part, a 63-character domain label",
+        "accepted: setuptools builds the package metadata with each (listed and 40 random ones)",
+        "test_every_accepted_email_form_builds_package_metadata",
+    ),
+    (
+        "`${SCRATCH}/x`, `${HOME}/data`, `${STORE}/ds`, `/capstor/scratch/cscs/${USER}/r`",
+        "accepted: the documented Alps variables, in the place where each makes an absolute path",
+        "test_known_variables_in_paths_are_accepted",
+    ),
+    (
+        "`project_name=!!!` with `project_slug=bangs`",
+        "accepted: the slug given is used",
+        "test_explicit_slug_rescues_a_name_without_letters",
+    ),
 ]
 
 
@@ -320,7 +404,7 @@ def hostile_table() -> str:
     """The table of docs/hostile-answers.md, made from BAD_ANSWERS and ACCEPTED_CASES."""
     rows = ["| answer | tried | what happens |", "|---|---|---|"]
     for field, value, form in BAD_ANSWERS:
-        who = "cookiecutter" if field in COOKIECUTTER_REFUSES else "the pre-generation hook"
+        who = "the pre-prompt hook" if field in PRE_PROMPT_FIELDS else "the pre-generation hook"
         rows.append(f"| `{field}` | {code(value)} | refused by {who}: expected ...{form}... |")
     for tried, outcome, _ in ACCEPTED_CASES:
         rows.append(f"| | {tried} | {outcome} |")
@@ -372,3 +456,250 @@ def test_prompt_count_per_flavour(tmp_path, flavour, number):
     assert total == 19  # the image tags are `__` settings, not asked
     doc = (tmp_path / "out" / "alps-torch-project" / "docs" / "answers.md").read_text()
     assert f"| `env_flavour` | {flavour} |" in doc
+
+
+# Text that Markdown reads as markup, each given as project name and description.
+MARKUP = [
+    "# heading",
+    "## two",
+    "Title #",
+    "* item",
+    "- item",
+    "+ item",
+    "1. item",
+    "2024) item",
+    "> quote",
+    "---",
+    "===",
+    "***",
+    "<script>alert(1)</script>",
+    "<!-- hidden -->",
+    "<b>bold</b>",
+    "[x](https://example.org)",
+    "![img](x.png)",
+    "[ref]: https://example.org",
+    "<https://example.org>",
+    "`code` and ``more``",
+    "```",
+    "~~~",
+    "~~struck~~",
+    "*em* **strong** _u_ __uu__",
+    "a | b | c",
+    "| a |",
+    "&lt;escaped&gt; &amp; &#60;",
+    "back\\slash\\",
+    "\\*not\\*",
+    "$x^2$ math",
+    "[^1] footnote",
+    "C# and F#",
+    "v1.0 of 2024. Final)",
+]
+
+
+def render_markdown_template(source: str, **values: str) -> str:
+    """Render Jinja source that imports templates/markdown.j2, as cookiecutter would."""
+    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR / "templates")))
+    header = '{%- from "markdown.j2" import inert -%}\n'
+    return env.from_string(header + source).render(**values)
+
+
+@pytest.mark.parametrize("text", MARKUP, ids=[f"markup-{i}" for i in range(len(MARKUP))])
+def test_markup_in_free_text_renders_as_plain_text(tmp_path, text):
+    """The README's title and description lines and an answers.md table row, rendered by a
+    CommonMark parser: exactly the answer as text, no heading, list, link, HTML or code."""
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        render_markdown_template(
+            "# {{ inert(name) }}\n\n{{ inert(description) }}\n\nThis repository trains.\n",
+            name=text,
+            description=text,
+        )
+    )
+    assert markdown_title_and_first_paragraph(readme) == (text, text)
+    table = render_markdown_template(
+        "| answer | value |\n|---|---|\n| `description` | {{ inert(d, line_start=false) }} |\n",
+        d=text,
+    )
+    tokens = MARKDOWN.parse(table)
+    cells = [t for t in tokens if t.type == "inline"]
+    assert [c.content for c in cells[:2]] == ["answer", "value"]
+    assert len(cells) == 4, [c.content for c in cells]  # still one row of two cells
+    assert [c.type for c in cells[3].children] == ["text"], cells[3].children
+    assert cells[3].children[0].content == text
+
+
+def test_baked_readme_and_answers_doc_show_markup_as_text(tmp_path):
+    """Through the cookiecutter CLI: the generated README and docs/answers.md."""
+    name, description = "<b>x</b> # [y](z)", "1. <script>alert(1)</script> *a* `b` | c ~~d~~"
+    out = tmp_path / "out"
+    proc = cookiecutter(
+        out, project_name=name, description=description, author_name="_Ada_", git_init="no"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (repo,) = out.iterdir()
+    assert markdown_title_and_first_paragraph(repo / "README.md") == (name, description)
+    tokens = MARKDOWN.parse((repo / "docs" / "answers.md").read_text())
+    cells = [t.children for t in tokens if t.type == "inline"]
+    shown = {}
+    for key_cell, value_cell in zip(cells, cells[1:], strict=False):
+        if key_cell and key_cell[0].type == "code_inline":
+            shown[key_cell[0].content] = value_cell
+    for key, value in [("project_name", name), ("description", description)]:
+        assert [c.type for c in shown[key]] == ["text"], shown[key]
+        assert shown[key][0].content == value
+    assert [c.content for c in shown["author_name"]] == ["_Ada_"]
+
+
+# Forms of author_email the hook accepts, each built into package metadata by setuptools below.
+ACCEPTED_EMAILS = [
+    "you@example.org",
+    "Ada.Lovelace@example.org",
+    "a.b.c@x.org",
+    "ada+alps@example.org",
+    "a_b%c-d@x-y.example.org",
+    "ADA@EXAMPLE.ORG",
+    "0@0.ch",
+    "ada@xn--bcher-kva.ch",
+    "ada@sub.domain.example.co.uk",
+    "a" * 64 + "@x.org",
+    "a@" + "b" * 63 + ".org",
+    "a@b.c-d.org",
+    "ada@example.museum",
+]
+# Refused by the hook and by setuptools/pip alike (issue 20: the project could not be installed).
+UNINSTALLABLE_EMAILS = [".a..b.@x.org", "a.@b.org", "a@b..org", "a@localhost", ".a@x.org"]
+
+_METADATA_BUILDER = r"""
+import contextlib, io, json, pathlib, re, sys, tempfile
+from setuptools import build_meta
+pyproject = pathlib.Path("pyproject.toml")
+original = pyproject.read_text()
+results = {}
+for email in json.loads(sys.argv[1]):
+    quoted = "email = " + json.dumps(email)
+    pyproject.write_text(re.sub(r'email = "[^"]*"', lambda m: quoted, original))
+    out = tempfile.mkdtemp()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            name = build_meta.prepare_metadata_for_build_wheel(out)
+        results[email] = (pathlib.Path(out) / name / "METADATA").read_text()
+    except BaseException as error:
+        results[email] = "FAILED: " + type(error).__name__
+print(json.dumps(results))
+"""
+
+
+def build_metadata(repo: Path, emails: list[str], tmp_path: Path) -> dict[str, str]:
+    """email -> the METADATA setuptools (the project's build backend) writes for a copy of the
+    baked repo with that author e-mail, or "FAILED: <error>"."""
+    work = tmp_path / "project"
+    work.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (work / name).write_text((repo / name).read_text())
+    (work / "src").mkdir()
+    package = next(p for p in (repo / "src").iterdir() if p.is_dir() and "egg" not in p.name)
+    (work / "src" / package.name).mkdir()
+    (work / "src" / package.name / "__init__.py").write_text("")
+    assert 'build-backend = "setuptools.build_meta"' in (work / "pyproject.toml").read_text()
+    proc = run([sys.executable, "-c", _METADATA_BUILDER, json.dumps(emails)], cwd=work)
+    return json.loads(proc.stdout)
+
+
+def test_every_accepted_email_form_builds_package_metadata(bake, tmp_path):
+    """Each e-mail form the hook accepts (listed, and 40 random ones from the same grammar) is
+    written by setuptools into the metadata pip builds when it installs the project; the forms
+    that broke `pip install` are refused by the hook and by setuptools."""
+    hook = load_hook(tmp_path, "pre_gen_project", answers("default"))
+    rng = random.Random(20)
+    word = "abcXYZ019_%+-"
+    label = "abz09"
+    randoms = [
+        ".".join("".join(rng.choices(word, k=rng.randint(1, 5))) for _ in range(rng.randint(1, 3)))
+        + "@"
+        + ".".join(
+            rng.choice(label) + "".join(rng.choices(label + "-", k=rng.randint(0, 3))) + "x"
+            for _ in range(rng.randint(1, 3))
+        )
+        + "."
+        + "".join(rng.choices("abcdefghij", k=rng.randint(2, 4)))
+        for _ in range(40)
+    ]
+    accepted = ACCEPTED_EMAILS + randoms
+    for email in accepted:
+        assert hook.field_error("author_email", email) is None, email
+    for email in UNINSTALLABLE_EMAILS:
+        assert hook.field_error("author_email", email) is not None, email
+    metadata = build_metadata(bake("default"), accepted + UNINSTALLABLE_EMAILS, tmp_path)
+    for email in accepted:
+        assert f"Author-email: Your Name <{email}>" in metadata[email].splitlines(), (
+            email,
+            metadata[email][:200],
+        )
+    for email in UNINSTALLABLE_EMAILS:
+        assert metadata[email].startswith("FAILED"), email
+
+
+EMPTY_SLUG_FORM = (
+    "a name with at least one letter or digit: the repository name project_slug is derived "
+    "from it and came out empty (or give project_slug=my-project too)"
+)
+
+
+def test_empty_slug_is_explained_once_through_pytest_cookies(cookies, capfd):
+    """Baked as a Python caller would (pytest-cookies): the hook's one line names the project
+    name, not the three values derived from it."""
+    result = cookies.bake(extra_context={"project_name": "!!!"}, template=str(TEMPLATE_DIR))
+    assert result.exit_code != 0
+    errors = [x for x in capfd.readouterr().err.splitlines() if x.startswith("error: ")]
+    assert errors == [f"error: project_name = '!!!' is invalid: expected {EMPTY_SLUG_FORM}"]
+
+
+def test_explicit_slug_rescues_a_name_without_letters(tmp_path):
+    proc = cookiecutter(tmp_path / "out", project_name="!!!", project_slug="bangs", git_init="no")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "bangs" / "src" / "bangs").is_dir()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["${SCRATCH}/x", "${HOME}/data", "${STORE}/ds", "/capstor/scratch/cscs/${USER}/r", "/a/b"],
+)
+def test_known_variables_in_paths_are_accepted(tmp_path, path):
+    hook = load_hook(tmp_path, "pre_gen_project", answers("default"))
+    assert hook.field_error("data_dir", path) is None
+
+
+def test_a_failed_bake_leaves_no_template_copy_in_the_temporary_directory(tmp_path):
+    """cookiecutter copies a template with a pre_prompt hook into the temporary directory and
+    removes the copy only after a successful generation; both hooks remove it on failure."""
+    for bad in ({"cluster": "Eiger"}, {"nodes": "0"}):
+        proc = cookiecutter(tmp_path / "out", **bad)
+        assert proc.returncode != 0
+        assert leftovers(tmp_path) == [], bad
+    proc = cookiecutter(tmp_path / "out", git_init="no")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    deadline = time.monotonic() + 30  # the hook's detached cleaner removes the empty holder
+    while list((tmp_path / "tmp").glob("cookiecutter*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list((tmp_path / "tmp").glob("cookiecutter*")) == []
+
+
+def test_empty_slug_in_the_current_directory_is_explained_by_the_hook(tmp_path):
+    """Without -o cookiecutter generates into the current directory: an empty slug made it stop
+    with "... directory already exists" before any hook; now the hook's line explains it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", str(TEMPLATE_DIR), "project_name=?!"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean_env(), "TMPDIR": str(tmp_path / "tmp")},
+    )
+    assert proc.returncode == 1
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert errors == [f"error: project_name = '?!' is invalid: expected {EMPTY_SLUG_FORM}"]
+    assert "already exists" not in proc.stdout + proc.stderr
+    assert list(work.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
