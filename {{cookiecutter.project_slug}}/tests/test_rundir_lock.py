@@ -11,11 +11,12 @@ import time
 
 import pytest
 
-from {{ cookiecutter.package_name }}.rundir_lock import LOCK_FILE, RunDirBusy, acquire, hold
+from {{ cookiecutter.package_name }}.rundir import LOCK
+from {{ cookiecutter.package_name }}.rundir_lock import RunDirBusy, acquire, hold
 
 
 def plant(run_dir, **holder):
-    (run_dir / LOCK_FILE).write_text(json.dumps(holder))
+    (run_dir / LOCK).write_text(json.dumps(holder))
 
 
 def live_other_process():
@@ -28,15 +29,16 @@ def test_a_second_live_job_is_refused_with_the_holder_named(tmp_path, monkeypatc
     plant(tmp_path, job="100", host=socket.gethostname(), pid=live_other_process())
     with pytest.raises(RunDirBusy, match=r"in use by job 100 on .* \(pid \d+\).*RUN_NAME"):
         acquire(tmp_path)
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["job"] == "100"  # untouched
+    assert json.loads((tmp_path / LOCK).read_text())["job"] == "100"  # untouched
 
 
 def test_the_same_job_requeued_takes_over(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "100")
-    plant(tmp_path, job="100", host="another-node", pid=1)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # Slurm counts the requeues
+    plant(tmp_path, job="100", restart=0, host="another-node", pid=1)
     lock = acquire(tmp_path)
     assert "requeued" in lock.me["took_over"]
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_array_tasks_are_separate_jobs(tmp_path, monkeypatch):
@@ -61,7 +63,7 @@ def test_a_silent_holder_on_another_host_is_taken_over(tmp_path, monkeypatch):
     with pytest.raises(RunDirBusy):
         acquire(tmp_path, stale_after_s=60)
     old = time.time() - 120
-    os.utime(tmp_path / LOCK_FILE, (old, old))
+    os.utime(tmp_path / LOCK, (old, old))
     assert "no heartbeat" in acquire(tmp_path, stale_after_s=60).me["took_over"]
 
 
@@ -71,12 +73,12 @@ def test_refresh_is_a_heartbeat_and_release_removes_only_our_lock(tmp_path):
         os.utime(lock.path, (old, old))
         lock.refresh()
         assert time.time() - lock.path.stat().st_mtime < 60
-    assert not (tmp_path / LOCK_FILE).exists()
+    assert not (tmp_path / LOCK).exists()
 
     lock = acquire(tmp_path)
     plant(tmp_path, job="999", host="another-node", pid=1)  # taken over by someone else
     lock.release()
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["job"] == "999"
+    assert json.loads((tmp_path / LOCK).read_text())["job"] == "999"
 
 
 def _contend(run_dir, barrier, results):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .atomic import atomic_write_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -301,10 +302,10 @@ def to_toml(cfg: Config | dict) -> str:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    """Written atomically: a run directory never holds half a config."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("# resolved configuration of this run (written at start)\n" + to_toml(cfg))
-    os.replace(tmp, path)
+    """Written atomically: a run directory never holds half a config (nor a temp file)."""
+    atomic_write_text(
+        path, "# resolved configuration of this run (written at start)\n" + to_toml(cfg)
+    )
 
 
 def check_resume(
