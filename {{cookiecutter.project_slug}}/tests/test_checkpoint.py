@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from _faults import fail_writes
 from conftest import assert_identical
 
 from {{ cookiecutter.package_name }} import checkpoint
@@ -347,6 +348,105 @@ def test_export_safetensors(tmp_path):
 def test_git_commit_never_fails_without_git(monkeypatch):
     monkeypatch.setenv("PATH", "")
     assert checkpoint.git_commit() is None
+
+
+# --------------------------------------------------------------------------- hostile checkpoints
+
+
+def rewrite_marker(path, change) -> None:
+    marker = json.loads((path / checkpoint.MARKER).read_text())
+    change(marker)
+    (path / checkpoint.MARKER).write_text(json.dumps(marker))
+
+
+def test_a_marker_listing_fewer_files_is_refused(tmp_path, warnings_log):
+    """A marker whose list leaves out the corrupted shard must not vouch for it: resume and
+    export both fall back to the checkpoint before, and say why."""
+    run_dir = tmp_path / "run"
+    run, saved = two_checkpoints(run_dir / "checkpoints")
+    newest = run_dir / "checkpoints" / "step-00000002"
+    flip_tensor_bytes(newest / "__0_0.distcp", run.model[0].weight)
+    rewrite_marker(newest, lambda m: m["files"].pop("__0_0.distcp"))
+
+    other = Run(run_dir / "checkpoints", seed=1)
+    assert other.manager.load_latest() == 1
+    assert_identical(saved, other.snapshot())
+    assert "COMPLETE.json does not list 1 file(s) present (__0_0.distcp)" in warnings_log.text
+    _, state = checkpoint.load_model_state(run_dir)
+    assert_identical(saved["model"], state)  # not the corrupted step 2
+    assert checkpoint.verify(newest).startswith("COMPLETE.json does not list")
+
+
+@pytest.mark.parametrize("damage", ["no files", "not json", "a list"])
+def test_a_marker_that_is_not_a_file_list_is_refused(tmp_path, warnings_log, damage):
+    _, saved = two_checkpoints(tmp_path)
+    marker = tmp_path / "step-00000002" / checkpoint.MARKER
+    text = {"no files": '{"step": 2}', "not json": "{", "a list": "[]"}[damage]
+    marker.write_text(text)
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    assert_identical(saved, other.snapshot())
+    assert "skipping checkpoint" in warnings_log.text and "COMPLETE.json" in warnings_log.text
+
+
+def test_a_checkpoint_without_metadata_is_reported_as_that(tmp_path, warnings_log):
+    two_checkpoints(tmp_path)
+    (tmp_path / "step-00000002" / ".metadata").unlink()
+    assert Run(tmp_path, seed=1).manager.load_latest() == 1
+    assert "step-00000002: it has no .metadata" in warnings_log.text.replace(
+        str(tmp_path) + "/", ""
+    )
+    assert "no COMPLETE.json" not in warnings_log.text
+
+
+@pytest.mark.parametrize("which", ["all", "the newest"])
+def test_step_directories_nobody_can_verify_are_kept_and_refuse_a_fresh_start(tmp_path, which):
+    """Markers lost (not a save of this run interrupted): starting over, or resuming from an
+    older checkpoint, would delete intact tensors at the first save. Refused, way on named."""
+    two_checkpoints(tmp_path)
+    steps = [2] if which == "the newest" else [1, 2]
+    for step in steps:
+        (tmp_path / f"step-{step:08d}" / checkpoint.MARKER).unlink()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointError) as err:
+        Run(tmp_path, seed=1).manager.load_latest()
+    assert "step-00000002 has .metadata but no COMPLETE.json" in str(err.value)
+    assert "move it away to start over" in str(err.value)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_newer_checkpoint_refused_as_corrupt_is_moved_aside_not_deleted(tmp_path):
+    run, _ = two_checkpoints(tmp_path)
+    flip_tensor_bytes(tmp_path / "step-00000002" / "__0_0.distcp", run.model[0].weight)
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    other.step()
+    other.train.step = 2
+    other.save()  # the same step again, on the branch resumed from step 1
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("step-00000002.refused-")]
+    assert len(aside) == 1 and (tmp_path / aside[0] / "__0_0.distcp").is_file()
+    assert checkpoint.verify(tmp_path / "step-00000002") is None
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_disk_that_fills_during_a_save_is_one_error_and_leaves_nothing(
+    tmp_path, monkeypatch, async_save
+):
+    run = Run(tmp_path, async_save=async_save)
+    run.step()
+    run.save()
+    run.manager.wait()
+    run.step()
+    fail_writes(monkeypatch, tmp_path / "step-00000002")  # DCP's shards and .metadata
+    with pytest.raises(CheckpointError) as err:
+        run.save()
+        run.manager.wait()
+    monkeypatch.undo()
+    message = str(err.value)
+    assert "writing checkpoint" in message and "step-00000002" in message
+    assert "No space left on device" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+    assert Run(tmp_path, seed=1).manager.load_latest() == 1
 
 
 # --------------------------------------------------------------------------- measurement

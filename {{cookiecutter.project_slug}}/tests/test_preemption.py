@@ -5,7 +5,6 @@ import signal
 import time
 
 import pytest
-
 import torch
 from conftest import TINY, checkpoint_steps
 

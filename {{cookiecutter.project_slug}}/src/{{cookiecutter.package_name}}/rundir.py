@@ -98,24 +98,31 @@ class RunDir:
         return self.path / "tensorboard"
 
     def create(self) -> None:
-        """The run directory and its checkpoints folder exist and can be written, and
-        metrics.jsonl can be appended to: checked before training, so that a read-only file
-        system, a full disk or a file where a folder belongs ends here, in one line."""
-        for folder in (self.path, self.checkpoints):
-            if folder.exists() and not folder.is_dir():
-                raise RunDirError(
-                    f"{folder} is a file, not a directory: move it away or choose another run_dir"
-                )
-            with reported(f"cannot create the run directory {folder}"):
-                folder.mkdir(parents=True, exist_ok=True)
-            with reported(f"cannot write into {folder}"):
-                probe = folder / f".probe{os.getpid()}"
-                try:
-                    probe.write_bytes(b"")
-                finally:
-                    probe.unlink(missing_ok=True)
+        """The run directory exists and can be written (checked before the lock is taken)."""
+        self._folder(self.path)
+
+    def prepare(self) -> None:
+        """The checkpoints folder exists and can be written, and metrics.jsonl can be appended
+        to: checked before training, so that a read-only file system, a full disk or a file
+        where a folder belongs ends here, in one line, not in the middle of a run."""
+        self._folder(self.checkpoints)
         if self.metrics.is_dir():
             raise RunDirError(f"{self.metrics} is a directory, not a file: move it away")
-        with reported(f"cannot append to {self.metrics}"):
-            with open(self.metrics, "a"):
-                pass
+        with reported(f"cannot append to {self.metrics}"), open(self.metrics, "a"):
+            pass
+
+    @staticmethod
+    def _folder(folder: Path) -> None:
+        if folder.exists() and not folder.is_dir():
+            raise RunDirError(
+                f"{folder} is a file, not a directory: move it away or choose another run_dir"
+            )
+        with reported(f"cannot create the directory {folder}"):
+            folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe{os.getpid()}"
+        with reported(f"cannot write into {folder}"):
+            try:
+                with open(probe, "wb") as f:
+                    f.write(b"probe")
+            finally:
+                probe.unlink(missing_ok=True)

@@ -218,6 +218,7 @@ def hold_run_dir(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
             try:
                 run_dir.create()
                 lock = stack.enter_context(rundir_lock.hold(run_dir))
+                run_dir.prepare()
             except RunDirError as err:  # busy, read-only, full, a file where a folder belongs
                 error = str(err)
         error = distributed.broadcast_object(error)
