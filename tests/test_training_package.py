@@ -37,8 +37,8 @@ def test_package_layout(repo, package):
     modules = {
         "__init__",
         "__main__",
+        "atomic",
         "benchmark",
-        "checkpoint",
         "cli",
         "config",
         "data",
@@ -51,12 +51,16 @@ def test_package_layout(repo, package):
         "parallel",
         "prefetch",
         "preemption",
+        "rundir",
         "rundir_lock",
         "tokens",
         "tracking",
         "train",
     }
     assert {p.stem for p in src.glob("*.py")} == modules
+    packages = {"checkpoint": {"__init__", "export", "integrity", "manager", "state"}}
+    for name, members in packages.items():
+        assert {p.stem for p in (src / name).glob("*.py")} == members
     assert (repo / "configs" / "default.toml").is_file()
     assert (repo / "configs" / "tiny.toml").is_file()
     assert (repo / "docs" / "training.md").is_file()
