@@ -97,7 +97,10 @@ class RunDirLock:
 
     def release(self) -> None:
         """Remove the file if it is still ours (a takeover may have replaced it)."""
-        holder = _read(self.path)
+        try:
+            holder = _read(self.path)
+        except RunDirError:  # replaced by something unreadable: not ours any more
+            return
         if isinstance(holder, dict) and (holder.get("host"), holder.get("pid")) == (
             self.me["host"],
             self.me["pid"],

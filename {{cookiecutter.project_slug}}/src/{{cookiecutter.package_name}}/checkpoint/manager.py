@@ -266,7 +266,13 @@ class CheckpointManager:
         exist but none of them loads, or if a step directory that cannot be verified is newer
         than the one loaded (starting over would silently discard the run)."""
         self._finish_pending(block=True)
-        found = self._broadcast(self._survey() if self.rank == 0 else None)
+        found = None
+        if self.rank == 0:
+            try:
+                found = self._survey()
+            except OSError as err:  # every rank must learn it, not wait for rank 0
+                found = f"cannot read the checkpoints: {describe(err)}"
+        found = self._broadcast(found)
         if isinstance(found, str):
             raise CheckpointError(f"{self.directory}: {found}; move it away to start a new run")
         problems, unverifiable, loaded = [], [], None
