@@ -410,8 +410,8 @@ def test_step_directories_nobody_can_verify_are_kept_and_refuse_a_fresh_start(tm
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     with pytest.raises(CheckpointError) as err:
         Run(tmp_path, seed=1).manager.load_latest()
-    assert "step-00000002 has .metadata but no COMPLETE.json" in str(err.value)
-    assert "move it away to start over" in str(err.value)
+    assert "cannot verify step-00000002 (.metadata but no COMPLETE.json)" in str(err.value)
+    assert "away to start over, or restore COMPLETE.json" in str(err.value)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 

@@ -75,7 +75,7 @@ def is_interrupted_save(path: Path) -> bool:
 def why_unverifiable(path: Path) -> str:
     has_metadata = (Path(path) / METADATA).is_file()
     what = f"{METADATA} but no {MARKER}" if has_metadata else f"neither {METADATA} nor {MARKER}"
-    return f"{Path(path).name} has {what}, and no save of this run was interrupted there"
+    return f"{Path(path).name} ({what})"
 
 
 def marker_files(path: Path) -> dict | str:

@@ -298,8 +298,11 @@ class CheckpointManager:
             problems.append(f"{path.name}: {problem}")
         if unverifiable:
             raise CheckpointError(
-                f"{self.directory}: {'; '.join(unverifiable)}. It is newer than any checkpoint "
-                "that loads: move it away to start over (or restore its COMPLETE.json)"
+                f"{self.directory}: cannot verify {', '.join(unverifiable)}, and no save of this "
+                "run was interrupted there; starting over (or from an older checkpoint) would "
+                f"delete {'them' if len(unverifiable) > 1 else 'it'} at the next save. Move "
+                f"{'them' if len(unverifiable) > 1 else 'it'} away to start over, or restore "
+                f"{MARKER}"
             )
         if loaded is None and problems:
             raise CheckpointError(
