@@ -170,8 +170,9 @@ def acquire(run_dir: RunDir, stale_after_s: float = STALE_AFTER_S, environ=None)
             raise RunDirBusy(
                 f"{RunDir.of(run_dir)} is in use by {_describe(holder)}: two jobs would train "
                 "into the same checkpoints. Use another RUN_NAME (or run_dir=...), or cancel "
-                "that job (scancel); a lock left by a job that no longer runs is taken over after "
-                f"{stale_after_s / 60:.0f} minutes, or remove {path}."
+                "that job (scancel). A lock whose holder is gone is taken over: on this host "
+                "once its process has ended, from another host after "
+                f"{stale_after_s / 60:.0f} minutes without a heartbeat; or remove {path}."
             )
         try:  # atomic: whoever renames last holds it, and re-reading tells
             atomic_write_bytes(path, data)
