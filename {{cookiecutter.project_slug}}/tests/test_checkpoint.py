@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from _faults import fail_writes
 from conftest import assert_identical
 
 from {{ cookiecutter.package_name }} import checkpoint
@@ -81,8 +82,9 @@ class Run:
 @pytest.fixture
 def warnings_log(caplog, monkeypatch):
     """The package's warnings, also where its logger does not propagate (configure_logging)."""
-    monkeypatch.setattr(checkpoint.log, "propagate", True)
-    caplog.set_level(logging.WARNING, logger=checkpoint.log.name)
+    log = logging.getLogger("{{ cookiecutter.package_name }}")
+    monkeypatch.setattr(log, "propagate", True)
+    caplog.set_level(logging.WARNING, logger=log.name)
     return caplog
 
 
@@ -146,7 +148,9 @@ def two_checkpoints(directory):
 
 def test_incomplete_checkpoint_is_skipped(tmp_path, warnings_log):
     _, saved = two_checkpoints(tmp_path)
-    (tmp_path / "step-00000002" / checkpoint.MARKER).unlink()  # as if killed mid-write
+    killed = tmp_path / "step-00000002"
+    (killed / checkpoint.MARKER).unlink()  # as if killed mid-write: the note is still there
+    killed.with_name(killed.name + ".writing").write_text("")
     other = Run(tmp_path, seed=1)
     assert other.manager.load_latest() == 1
     assert "skipping incomplete checkpoint" in warnings_log.text
@@ -230,9 +234,11 @@ def test_keeps_the_newest_and_removes_stale_directories(tmp_path):
         run.step()
         run.save()
     assert run.manager.steps() == [3, 4, 5]
-    # A write of step 6 killed earlier, and step 9 of a branch abandoned by a fallback.
+    # A write of step 6 killed earlier (its note says so), and step 9 of a branch abandoned
+    # by a fallback, killed before it wrote anything.
     (tmp_path / "step-00000006").mkdir()
     (tmp_path / "step-00000006" / "__7_0.distcp").write_bytes(b"stale")
+    (tmp_path / "step-00000006.writing").write_text("")
     (tmp_path / "step-00000009").mkdir()
     run.step()
     run.save()
@@ -253,12 +259,13 @@ def test_failed_write_is_reported_and_leaves_no_checkpoint(tmp_path, monkeypatch
         directory = tmp_path / str(async_save)
         run = Run(directory, async_save=async_save)
         run.step()
-        monkeypatch.setattr(checkpoint, "file_record", broken)
+        monkeypatch.setattr(checkpoint.manager, "file_record", broken)
         with pytest.raises(CheckpointError, match="writing checkpoint .* disk quota exceeded"):
             run.save()
             run.manager.wait()
         monkeypatch.undo()
         assert run.manager.steps() == [] and Run(directory).manager.load_latest() is None
+        assert list(directory.iterdir()) == []  # nothing half-written left behind
 
 
 def test_train_state_holds_json_and_matches_the_step(tmp_path):
@@ -278,8 +285,8 @@ def test_rank_without_saved_random_state_is_reseeded_deterministically(monkeypat
     assert restored.note is None
     rank0 = [torch.rand(3), restored.np_rng.random()]
 
-    monkeypatch.setattr(checkpoint.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(checkpoint.dist, "get_rank", lambda: 1)  # a second rank now
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)  # a second rank now
     draws = []
     for _ in range(2):
         reseeded = RNGState(np.random.default_rng(5), seed=3)
@@ -338,54 +345,108 @@ def test_export_safetensors(tmp_path):
         assert json.loads(f.metadata()["config"]) == {"hidden_dim": 16}
 
 
-def test_atomic_write_never_leaves_a_partial_file(tmp_path):
-    def crash(tmp):
-        tmp.write_bytes(b"half")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError):
-        checkpoint.atomic_write(tmp_path / "COMPLETE.json", crash)
-    assert list(tmp_path.iterdir()) == []
-    checkpoint.atomic_write_text(tmp_path / "COMPLETE.json", "{}")
-    assert [p.name for p in tmp_path.iterdir()] == ["COMPLETE.json"]
-
-
 def test_git_commit_never_fails_without_git(monkeypatch):
     monkeypatch.setenv("PATH", "")
     assert checkpoint.git_commit() is None
 
 
-def test_young_daly_interval():
-    # 60 s to save, 6 h job MTBF -> about 27 minutes (CSCS's recommendation, first order)
-    assert checkpoint.young_daly_interval(60, 6 * 3600) == pytest.approx(1609.97, rel=1e-4)
+# --------------------------------------------------------------------------- hostile checkpoints
 
 
-def test_schedule_forms(monkeypatch):
-    steps = checkpoint.CheckpointSchedule("100", 24)
-    assert steps.due_by_steps(200) and not steps.due_by_steps(150) and not steps.due_by_time()
-    never = checkpoint.CheckpointSchedule("0", 24)
-    assert not never.due_by_steps(100) and not never.due_by_time()
+def rewrite_marker(path, change) -> None:
+    marker = json.loads((path / checkpoint.MARKER).read_text())
+    change(marker)
+    (path / checkpoint.MARKER).write_text(json.dumps(marker))
 
-    clock = [1000.0]
-    monkeypatch.setattr(checkpoint.time, "monotonic", lambda: clock[0])
-    minutes = checkpoint.CheckpointSchedule("30min", 24)
-    clock[0] += 29 * 60
-    assert not minutes.due_by_time()
-    clock[0] += 61
-    assert minutes.due_by_time() and not minutes.due_by_steps(100)
 
-    auto = checkpoint.CheckpointSchedule("auto", mtbf_hours=6)
-    assert auto.due_by_time()  # nothing measured yet: save once to measure
-    auto.record_save(60.0)  # the stall, not the write, is what a save costs training
-    clock[0] += 1600
-    assert not auto.due_by_time()
-    clock[0] += 20
-    assert auto.due_by_time()
-    assert "Young/Daly" in auto.describe() and "stall 60.00 s" in auto.describe()
+def test_a_marker_listing_fewer_files_is_refused(tmp_path, warnings_log):
+    """A marker whose list leaves out the corrupted shard must not vouch for it: resume and
+    export both fall back to the checkpoint before, and say why."""
+    run_dir = tmp_path / "run"
+    run, saved = two_checkpoints(run_dir / "checkpoints")
+    newest = run_dir / "checkpoints" / "step-00000002"
+    flip_tensor_bytes(newest / "__0_0.distcp", run.model[0].weight)
+    rewrite_marker(newest, lambda m: m["files"].pop("__0_0.distcp"))
 
-    auto.record_save(0.01)  # async: tiny stall, but never save more often than a write takes
-    auto.record_write(120.0)
-    assert auto.interval_s() == 120.0
+    other = Run(run_dir / "checkpoints", seed=1)
+    assert other.manager.load_latest() == 1
+    assert_identical(saved, other.snapshot())
+    assert "COMPLETE.json does not list 1 file(s) present (__0_0.distcp)" in warnings_log.text
+    _, state = checkpoint.load_model_state(run_dir)
+    assert_identical(saved["model"], state)  # not the corrupted step 2
+    assert checkpoint.verify(newest).startswith("COMPLETE.json does not list")
+
+
+@pytest.mark.parametrize("damage", ["no files", "not json", "a list"])
+def test_a_marker_that_is_not_a_file_list_is_refused(tmp_path, warnings_log, damage):
+    _, saved = two_checkpoints(tmp_path)
+    marker = tmp_path / "step-00000002" / checkpoint.MARKER
+    text = {"no files": '{"step": 2}', "not json": "{", "a list": "[]"}[damage]
+    marker.write_text(text)
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    assert_identical(saved, other.snapshot())
+    assert "skipping checkpoint" in warnings_log.text and "COMPLETE.json" in warnings_log.text
+
+
+def test_a_checkpoint_without_metadata_is_reported_as_that(tmp_path, warnings_log):
+    two_checkpoints(tmp_path)
+    (tmp_path / "step-00000002" / ".metadata").unlink()
+    assert Run(tmp_path, seed=1).manager.load_latest() == 1
+    assert "step-00000002: it has no .metadata" in warnings_log.text.replace(
+        str(tmp_path) + "/", ""
+    )
+    assert "no COMPLETE.json" not in warnings_log.text
+
+
+@pytest.mark.parametrize("which", ["all", "the newest"])
+def test_step_directories_nobody_can_verify_are_kept_and_refuse_a_fresh_start(tmp_path, which):
+    """Markers lost (not a save of this run interrupted): starting over, or resuming from an
+    older checkpoint, would delete intact tensors at the first save. Refused, way on named."""
+    two_checkpoints(tmp_path)
+    steps = [2] if which == "the newest" else [1, 2]
+    for step in steps:
+        (tmp_path / f"step-{step:08d}" / checkpoint.MARKER).unlink()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointError) as err:
+        Run(tmp_path, seed=1).manager.load_latest()
+    assert "cannot verify step-00000002 (.metadata but no COMPLETE.json)" in str(err.value)
+    assert "away to start over, or restore COMPLETE.json" in str(err.value)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_newer_checkpoint_refused_as_corrupt_is_moved_aside_not_deleted(tmp_path):
+    run, _ = two_checkpoints(tmp_path)
+    flip_tensor_bytes(tmp_path / "step-00000002" / "__0_0.distcp", run.model[0].weight)
+    other = Run(tmp_path, seed=1)
+    assert other.manager.load_latest() == 1
+    other.step()
+    other.train.step = 2
+    other.save()  # the same step again, on the branch resumed from step 1
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("step-00000002.refused-")]
+    assert len(aside) == 1 and (tmp_path / aside[0] / "__0_0.distcp").is_file()
+    assert checkpoint.verify(tmp_path / "step-00000002") is None
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_disk_that_fills_during_a_save_is_one_error_and_leaves_nothing(
+    tmp_path, monkeypatch, async_save
+):
+    run = Run(tmp_path, async_save=async_save)
+    run.step()
+    run.save()
+    run.manager.wait()
+    run.step()
+    fail_writes(monkeypatch, tmp_path / "step-00000002")  # DCP's shards and .metadata
+    with pytest.raises(CheckpointError) as err:
+        run.save()
+        run.manager.wait()
+    monkeypatch.undo()
+    message = str(err.value)
+    assert "writing checkpoint" in message and "step-00000002" in message
+    assert "No space left on device" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+    assert Run(tmp_path, seed=1).manager.load_latest() == 1
 
 
 # --------------------------------------------------------------------------- measurement

@@ -4,6 +4,7 @@ import os
 import signal
 import time
 
+import pytest
 import torch
 from conftest import TINY, checkpoint_steps
 
@@ -100,3 +101,36 @@ def test_stops_before_slurm_job_end_time_with_requeue_status(tmp_path, single_pr
     monkeypatch.delenv("SLURM_JOB_END_TIME")
     assert train(cfg) == 0
     assert not (run_dir / "REQUEUE").exists()
+
+
+def test_young_daly_interval():
+    # 60 s to save, 6 h job MTBF -> about 27 minutes (CSCS's recommendation, first order)
+    assert preemption.young_daly_interval(60, 6 * 3600) == pytest.approx(1609.97, rel=1e-4)
+
+
+def test_schedule_forms(monkeypatch):
+    steps = preemption.CheckpointSchedule("100", 24)
+    assert steps.due_by_steps(200) and not steps.due_by_steps(150) and not steps.due_by_time()
+    never = preemption.CheckpointSchedule("0", 24)
+    assert not never.due_by_steps(100) and not never.due_by_time()
+
+    clock = [1000.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    minutes = preemption.CheckpointSchedule("30min", 24)
+    clock[0] += 29 * 60
+    assert not minutes.due_by_time()
+    clock[0] += 61
+    assert minutes.due_by_time() and not minutes.due_by_steps(100)
+
+    auto = preemption.CheckpointSchedule("auto", mtbf_hours=6)
+    assert auto.due_by_time()  # nothing measured yet: save once to measure
+    auto.record_save(60.0)  # the stall, not the write, is what a save costs training
+    clock[0] += 1600
+    assert not auto.due_by_time()
+    clock[0] += 20
+    assert auto.due_by_time()
+    assert "Young/Daly" in auto.describe() and "stall 60.00 s" in auto.describe()
+
+    auto.record_save(0.01)  # async: tiny stall, but never save more often than a write takes
+    auto.record_write(120.0)
+    assert auto.interval_s() == 120.0

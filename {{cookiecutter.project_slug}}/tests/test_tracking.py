@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from _faults import fail_writes
 
 from {{ cookiecutter.package_name }} import tracking
 from {{ cookiecutter.package_name }}.tracking import TrackerError, open_tracker
@@ -157,6 +158,14 @@ def test_run_id_is_written_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     first = tracking.wandb_run_id(tmp_path, "demo")
     assert tracking.wandb_run_id(tmp_path, "demo") == first
+
+
+def test_a_run_id_that_cannot_be_stored_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    fail_writes(monkeypatch, tmp_path)  # a full disk
+    with pytest.raises(TrackerError, match=r"cannot store the W&B run id: No space left on dev"):
+        tracking.wandb_run_id(tmp_path, "demo")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_no_optional_package_is_imported_for_none(tmp_path, monkeypatch):

@@ -12,9 +12,11 @@ Modules, one concern each:
 - `gpt`          the GPT-2 style language model and sampling
 - `parallel`     DDP or FSDP2, activation checkpointing, torch.compile
 - `train`        the training loop
-- `checkpoint`   sharded (DCP) checkpoints with atomic completion, resume, export
-- `preemption`   SIGUSR2/SIGTERM flag, the stop/save decision, requeue exit code
+- `checkpoint`   sharded (DCP) checkpoints: parts, manager, integrity checks, export
+- `preemption`   SIGUSR2/SIGTERM flag, the stop/save decision, checkpoint interval, requeue
+- `rundir`       the run directory's paths (`RunDir`), one-line I/O errors
 - `rundir_lock`  one live job per run directory
+- `atomic`       files written complete or not at all
 - `metrics`      throughput/MFU/memory records, `metrics.jsonl`, plots
 - `tracking`     optional TensorBoard / W&B sinks
 - `doctor`       preflight checks of a node's environment and all-reduce bandwidth

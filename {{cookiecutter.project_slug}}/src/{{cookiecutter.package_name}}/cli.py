@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger(__package__).handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from .checkpoint import CheckpointError
-    from .rundir_lock import RunDirBusy
+    from .rundir import RunDirError
     from .tokens import DatasetError
     from .tracking import TrackerError
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as err:
         print(f"{PROG} {args.command}: dataset error: {err}", file=sys.stderr)
         return 2
-    except (LaunchError, RunDirBusy, TrackerError, CheckpointError) as err:
+    except (LaunchError, RunDirError, TrackerError, CheckpointError) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_text
 from .config_keys import ConfigError, Key, not_empty, parse_interval
 from .models import DEFAULT_MODEL, MODELS, model_keys, spec_of
+from .rundir import RunDir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -232,10 +233,10 @@ def to_toml(cfg: Config | dict) -> str:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    """Written atomically: a run directory never holds half a config."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("# resolved configuration of this run (written at start)\n" + to_toml(cfg))
-    os.replace(tmp, path)
+    """Written atomically: a run directory never holds half a config (nor a temp file)."""
+    atomic_write_text(
+        path, "# resolved configuration of this run (written at start)\n" + to_toml(cfg)
+    )
 
 
 def changed_keys(saved: dict, cfg: Config) -> list[str]:
@@ -267,7 +268,7 @@ def refuse_or_warn(changed: list[str], cfg: Config, what: str) -> None:
 def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> None:
     """Before any checkpoint is read: refuse to continue the checkpoints of `run_dir` with a
     changed model or resume-relevant key, comparing with the run's `config.toml`."""
-    path = Path(run_dir) / "config.toml"
+    path = RunDir.of(run_dir).config
     if not has_checkpoints or not path.is_file():
         return
     try:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .atomic import atomic_write_text
 from .preemption import SIGNALS
 
 INDEX_FILE = "index.json"
@@ -273,9 +274,7 @@ def write_dataset(
         "arrays": entries,
         "fingerprint": digest.hexdigest(),  # a resume refuses a rewritten dataset
     }
-    tmp = out / (INDEX_FILE + ".tmp")
-    tmp.write_text(json.dumps(index, indent=2) + "\n")
-    os.replace(tmp, out / INDEX_FILE)
+    atomic_write_text(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     return out
 
 

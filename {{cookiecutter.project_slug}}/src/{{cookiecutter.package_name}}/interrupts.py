@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .rundir import RunDir
+
 log = logging.getLogger(__package__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -40,7 +42,7 @@ def rank_from_env() -> int:
 def last_complete_checkpoint(run_dir: Path) -> int | None:
     from .checkpoint import complete_steps
 
-    steps = complete_steps(Path(run_dir) / "checkpoints")
+    steps = complete_steps(RunDir(run_dir).checkpoints)
     return steps[-1] if steps else None
 
 
@@ -88,7 +90,7 @@ class SecondSignal:
                 "or the checkpoint; %s in %s",
                 signal.Signals(signum).name,
                 where,
-                self.run_dir / "checkpoints",
+                RunDir(self.run_dir).checkpoints,
             )
             for handler in logging.getLogger(__package__).handlers + logging.getLogger().handlers:
                 try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from . import distributed, tracking
+from .rundir import RunDir, reported
 
 log = logging.getLogger(__package__)
 
@@ -43,7 +44,7 @@ class Metrics:
         units_per_step: int,
         start_step: int,
     ):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir.of(run_dir).metrics
         self.is_main, self.world, self.cfg = env.is_main, env.world_size, cfg
         self.device = torch.device("cpu")
         self.flops_per_step = flops_per_step
@@ -54,7 +55,7 @@ class Metrics:
         self._wait_seen = 0.0
         self.tracker = tracking.open_tracker(
             cfg.tracker,
-            Path(run_dir),
+            RunDir.of(run_dir),
             dataclasses.asdict(cfg),
             env.is_main,
             project=cfg.wandb_project or __package__,
@@ -129,7 +130,7 @@ class Metrics:
 
     def write(self, record: dict) -> None:
         if self.is_main:
-            with open(self.path, "a") as f:
+            with reported(f"cannot append to {self.path}"), open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             self.tracker.log(record)
 
@@ -140,7 +141,7 @@ class Metrics:
 def read_records(path: Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = RunDir(path).metrics
     records = []
     for line in path.read_text().splitlines():
         try:

@@ -9,19 +9,21 @@ the signal; the training loop acts on it at the next agreement step.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from . import distributed
+from .atomic import atomic_write_text
+from .config_keys import parse_interval
+from .rundir import RunDir
 
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure
-REQUEUE_MARKER = "REQUEUE"
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
 
 
@@ -135,9 +137,66 @@ class StopPolicy:
         return Decision(True, True, reason)
 
 
-def write_requeue_marker(run_dir: Path, reason: str) -> None:
-    (Path(run_dir) / REQUEUE_MARKER).write_text(reason + "\n")
+def write_requeue_marker(run_dir: RunDir, reason: str) -> None:
+    """`<run_dir>/REQUEUE`: the job script requeues when it is newer than the step's start."""
+    atomic_write_text(RunDir.of(run_dir).requeue, reason + "\n")
 
 
-def remove_requeue_marker(run_dir: Path) -> None:
-    (Path(run_dir) / REQUEUE_MARKER).unlink(missing_ok=True)
+def remove_requeue_marker(run_dir: RunDir) -> None:
+    RunDir.of(run_dir).requeue.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- checkpoint schedule
+
+
+def young_daly_interval(cost_s: float, mtbf_s: float) -> float:
+    """First-order Young/Daly optimum: sqrt(2 x checkpoint cost x mean time between failures)."""
+    return math.sqrt(2.0 * cost_s * mtbf_s)
+
+
+class CheckpointSchedule:
+    """When to save: every N steps ("100"), every M minutes ("30min"), "auto" or "0" (never
+    periodically; the final and the preemption checkpoints are always written).
+
+    "auto" uses Young/Daly with the cost a save has for training: its stall (with async saves
+    much less than the write), but never more often than a write takes."""
+
+    def __init__(self, spec: str, mtbf_hours: float):
+        interval = parse_interval(spec)  # the one parser of checkpoint_every
+        self.every_steps, self.every_s = interval.steps, interval.minutes * 60.0
+        self.auto, self.mtbf_s = interval.auto, mtbf_hours * 3600.0
+        self.last_save = time.monotonic()
+        self.stall_s: float | None = None  # measured stall of the last save
+        self.write_s: float | None = None  # measured time of the last complete write
+
+    def due_by_steps(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    def interval_s(self) -> float:
+        if self.auto:  # the first save measures the cost; Young/Daly from then on
+            if self.stall_s is None:
+                return 0.0
+            return max(young_daly_interval(self.stall_s, self.mtbf_s), self.write_s or 0.0)
+        return self.every_s
+
+    def due_by_time(self) -> bool:
+        """Local decision; the training loop agrees on it across ranks before acting."""
+        if not self.auto and self.every_s <= 0:
+            return False
+        return time.monotonic() - self.last_save >= self.interval_s()
+
+    def record_save(self, stall_s: float) -> None:
+        self.stall_s, self.last_save = stall_s, time.monotonic()
+
+    def record_write(self, write_s: float) -> None:
+        self.write_s = write_s
+
+    def describe(self) -> str:
+        if self.auto and self.stall_s is not None:
+            return (
+                f"auto: Young/Daly interval {self.interval_s() / 60:.1f} min "
+                f"(stall {self.stall_s:.2f} s per save, MTBF {self.mtbf_s / 3600:g} h)"
+            )
+        if self.every_s:
+            return f"every {self.every_s / 60:g} min"
+        return f"every {self.every_steps} steps" if self.every_steps else "end only"

@@ -14,7 +14,6 @@ Only the window is traced: evaluation and checkpoints are outside it.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .config import ConfigError
+from .rundir import RunDir
 
 log = logging.getLogger(__package__)
 
@@ -57,7 +58,7 @@ class StepProfiler:
         self.window = parse_window(profile_steps)
         self.memory = profile_memory
         self.rank, self.device = rank, torch.device(device)
-        self.out_dir = Path(run_dir) / "profile"
+        self.out_dir = RunDir.of(run_dir).profile
         self.profiler: torch.profiler.profile | None = None
         self.first_step = 0
         self.last_step = 0
@@ -110,16 +111,13 @@ class StepProfiler:
                 torch.cuda.memory._record_memory_history(enabled=None)
             return
         trace = self._path(".trace.json")
-        tmp = trace.with_name(f".{trace.name}.tmp{os.getpid()}")
-        profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, trace)  # never half a trace under the final name
+        # never half a trace under the final name
+        atomic_write(trace, lambda tmp: profiler.export_chrome_trace(str(tmp)))
         written = [trace]
         if self.memory and self.device.type == "cuda":
             snapshot = self._path(".memory.pickle")
-            tmp = snapshot.with_name(f".{snapshot.name}.tmp{os.getpid()}")
-            torch.cuda.memory._dump_snapshot(str(tmp))
+            atomic_write(snapshot, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)))
             torch.cuda.memory._record_memory_history(enabled=None)
-            os.replace(tmp, snapshot)
             written.append(snapshot)
         if self.rank == 0:
             log.info(

@@ -20,7 +20,9 @@ import json
 import logging
 import os
 import secrets
-from pathlib import Path
+
+from .atomic import atomic_write_text
+from .rundir import RunDir, os_error_text
 
 log = logging.getLogger(__package__)
 
@@ -76,14 +78,14 @@ class Tracker:
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
-    def __init__(self, run_dir: Path, config: dict, resume_step: int) -> None:
+    def __init__(self, run_dir: RunDir, config: dict, resume_step: int) -> None:
         super().__init__()
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: TensorBoard hides events at or after this step that were written before,
         # i.e. those logged after the checkpoint by the job that was killed.
         self.writer = SummaryWriter(
-            log_dir=str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1, flush_secs=30
+            log_dir=str(RunDir.of(run_dir).tensorboard), purge_step=resume_step + 1, flush_secs=30
         )
         if resume_step == 0:
             text = json.dumps(config, indent=2, default=str)
@@ -100,17 +102,17 @@ class TensorBoardTracker(Tracker):
 class WandbTracker(Tracker):
     name = "wandb"
 
-    def __init__(self, run_dir: Path, config: dict, project: str, mode: str) -> None:
+    def __init__(self, run_dir: RunDir, config: dict, project: str, mode: str) -> None:
         super().__init__()
         import wandb
 
-        run_dir = Path(run_dir)
+        run_dir = RunDir.of(run_dir)
         self.run = wandb.init(
             project=project,
             id=wandb_run_id(run_dir, project),
             resume="allow",  # the same run after a requeue or resume
-            dir=str(run_dir),  # offline runs land in <run_dir>/wandb/offline-run-*
-            name=run_dir.name,
+            dir=str(run_dir.path),  # offline runs land in <run_dir>/wandb/offline-run-*
+            name=run_dir.path.name,
             config=config,
             mode=os.environ.get("WANDB_MODE") or mode,
             settings=wandb.Settings(console="off"),  # the job log already has the output
@@ -125,9 +127,9 @@ class WandbTracker(Tracker):
         self.run.finish()
 
 
-def wandb_run_id(run_dir: Path, project: str) -> str:
+def wandb_run_id(run_dir: RunDir, project: str) -> str:
     """The run id stored in `<run_dir>/tracker.json`, made and stored (atomically) if absent."""
-    path = Path(run_dir) / "tracker.json"
+    path = RunDir.of(run_dir).tracker_state
     if path.exists():
         try:
             return str(json.loads(path.read_text())["wandb_run_id"])
@@ -137,16 +139,18 @@ def wandb_run_id(run_dir: Path, project: str) -> str:
                 "start a new W&B run"
             ) from None
     run_id = secrets.token_hex(6)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"wandb_run_id": run_id, "wandb_project": project}) + "\n")
-    os.replace(tmp, path)
+    record = json.dumps({"wandb_run_id": run_id, "wandb_project": project}) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, record)
+    except OSError as err:
+        raise TrackerError(f"cannot store the W&B run id: {os_error_text(err)}") from None
     return run_id
 
 
 def open_tracker(
     kind: str,
-    run_dir: Path,
+    run_dir: RunDir,
     config: dict,
     is_main: bool,
     project: str,

@@ -14,7 +14,6 @@ import random
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from .models import spec_of
 from .models.spec import ModelSpec
 from .prefetch import CudaCopier, Prefetcher, StandInCopier
 from .profiling import StepProfiler
+from .rundir import RunDir, RunDirError, reported
 
 log = logging.getLogger(__package__)
 
@@ -205,26 +205,28 @@ def train(cfg: Config) -> int:
             env,
             device,
         ),
-        hold_run_dir(Path(cfg.run_dir), env) as lock,
+        hold_run_dir(RunDir(cfg.run_dir), env) as lock,
     ):
         return run_training(cfg, env, device, flag, lock)
 
 
 @contextmanager
-def hold_run_dir(run_dir: Path, env: DistEnv) -> Iterator[object | None]:
-    """Rank 0 holds `<run_dir>/LOCK` for the whole run, so a second job started on the same run
-    directory stops here instead of training into it; every rank learns the outcome."""
+def hold_run_dir(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
+    """Rank 0 checks that the run directory can be written and holds `<run_dir>/LOCK` for the
+    whole run, so a second job started on the same run directory stops here instead of training
+    into it; every rank learns the outcome."""
     with ExitStack() as stack:
         lock, error = None, None
         if env.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
             try:
+                run_dir.create()
                 lock = stack.enter_context(rundir_lock.hold(run_dir))
-            except rundir_lock.RunDirBusy as err:
+                run_dir.prepare()
+            except RunDirError as err:  # busy, read-only, full, a file where a folder belongs
                 error = str(err)
         error = distributed.broadcast_object(error)
         if error:
-            raise rundir_lock.RunDirBusy(error)
+            raise RunDirError(error)
         if env.is_main:
             preemption.remove_requeue_marker(run_dir)  # ours now: a stale marker must go
         yield lock
@@ -235,9 +237,9 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
     checkpoints is refused with the list of changes (rank 0 reads, every rank learns it)."""
     error = None
     if env.is_main:
-        run_dir = Path(cfg.run_dir)
+        run_dir = RunDir(cfg.run_dir)
         try:
-            has_checkpoints = bool(checkpoint.complete_steps(run_dir / "checkpoints"))
+            has_checkpoints = bool(checkpoint.complete_steps(run_dir.checkpoints))
             check_run_dir_config(cfg, run_dir, has_checkpoints)
         except ConfigError as err:
             error = str(err)
@@ -274,8 +276,9 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
 def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
     """The run's checkpoints with the newest good one loaded, and the run recorded in them."""
     cfg, env = run.cfg, run.env
+    run_dir = RunDir(cfg.run_dir)
     ckpt = checkpoint.CheckpointManager(
-        Path(cfg.run_dir) / "checkpoints",
+        run_dir.checkpoints,
         run.checkpoint_parts(),
         keep=cfg.keep_checkpoints,
         async_save=cfg.async_checkpoint == "true"
@@ -291,11 +294,12 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
         torch_version=str(torch.__version__),
     )
     if env.is_main:
-        save_config(cfg, Path(cfg.run_dir) / "config.toml")
+        with reported(f"cannot write {run_dir.config}"):
+            save_config(cfg, run_dir.config)
     return ckpt
 
 
-def record_written(done: list, schedule: checkpoint.CheckpointSchedule, meter) -> None:
+def record_written(done: list, schedule: preemption.CheckpointSchedule, meter) -> None:
     """Log the checkpoints whose writing completed: the stall the loop paid, the write time."""
     for stats in done:
         schedule.record_write(stats.write_s)
@@ -310,13 +314,13 @@ def record_written(done: list, schedule: checkpoint.CheckpointSchedule, meter) -
 
 
 def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) -> int:
-    run_dir = Path(cfg.run_dir)
+    run_dir = RunDir(cfg.run_dir)
     run = build(cfg, env, device)
     ckpt = open_checkpoints(run)
     start = run.state.step
     eval_set = run.source.eval_batches(cfg.batch_size, env.rank, env.world_size, cfg.eval_batches)
     batches, inputs = input_pipeline(run, cfg.max_steps)
-    schedule = checkpoint.CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
+    schedule = preemption.CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
     policy = preemption.StopPolicy(
         flag,
         preemption.Deadline.from_env(cfg.end_time_margin_s),

@@ -1,0 +1,64 @@
+"""Files written complete or not at all: a temp file next to the target, fsync, then rename (or
+link, for a file that must not exist yet). A crash, a full disk or a read-only file system at any
+point leaves the old file or the new one, never a partial one, and no temp file behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fsync(path: Path) -> None:
+    """Flush a file, or a directory after a rename or link in it (its entries are data too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    """Hidden, next to `path` (same file system, so the rename is atomic), unique per process."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` to a temp file next to `path`, fsync, rename over `path`, fsync the
+    directory. Any failure (ENOSPC included) removes the temp file and re-raises."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        write(tmp)
+        fsync(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Create `path` holding `data` only if it does not exist: the data goes to a temp file,
+    which is then hard-linked into place (`link` fails if `path` exists, atomically, Lustre
+    included). Returns False if `path` existed. Nobody ever sees a partial file."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        tmp.write_bytes(data)
+        fsync(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync(path.parent)
+    return True

@@ -1,0 +1,116 @@
+"""Reading a checkpoint in one process, whatever the number of ranks that wrote it: the model
+alone (`load_model_state`), as one file (`export_model`), or every entry (`read_checkpoint`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+from ..atomic import atomic_write
+from ..rundir import RunDir
+from .integrity import MARKER, CheckpointError, complete_steps, step_path, verify
+from .manager import single_process_is_intended
+
+log = logging.getLogger(__name__.split(".")[0])
+
+
+def _find_checkpoint(run_dir: Path) -> list[Path]:
+    """Candidates, newest first: `run_dir` itself if it is a checkpoint, else the checkpoints
+    in `run_dir/checkpoints` (or in `run_dir`)."""
+    run_dir = Path(run_dir)
+    if (run_dir / MARKER).exists():
+        return [run_dir]
+    checkpoints = RunDir(run_dir).checkpoints
+    directory = checkpoints if checkpoints.is_dir() else run_dir
+    return [step_path(directory, s) for s in complete_steps(directory)[::-1]]
+
+
+def load_model_state(run_dir: Path) -> tuple[dict, dict]:
+    """(saved config, full unsharded model state dict on CPU) from the newest complete and
+    verified checkpoint of `run_dir` (or from the checkpoint directory `run_dir`). One process,
+    no process group needed, whatever the number of ranks that wrote it."""
+    candidates = _find_checkpoint(run_dir)
+    if not candidates:
+        raise CheckpointError(f"no complete checkpoint in {run_dir}")
+    for path in candidates:
+        problem = verify(path)
+        if problem:
+            log.warning("skipping checkpoint %s: %s", path, problem)
+            continue
+        return _read_model(path, json.loads((path / MARKER).read_text()).get("parts", {}))
+    raise CheckpointError(f"none of the checkpoints in {run_dir} passes its checks")
+
+
+def _read_model(path: Path, parts: dict[str, str]) -> tuple[dict, dict]:
+    model_part = next((n for n, kind in parts.items() if kind == "ModelAndOptimizer"), None)
+    train_part = next((n for n, kind in parts.items() if kind == "TrainState"), None)
+    if model_part is None:
+        raise CheckpointError(f"checkpoint {path} holds no ModelAndOptimizer part")
+    prefix, extra = f"{model_part}.model.", f"{train_part}.extra"
+    flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
+    config = json.loads(flat.pop(extra, "{}")).get("config", {})
+    return config, {key[len(prefix) :]: tensor for key, tensor in flat.items()}
+
+
+def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:
+    """The entries of checkpoint `path` (not verified), flat (`<part>.<key>...` -> value),
+    tensors whole and on CPU, in one process: for tools and tests."""
+    reader = dcp.FileSystemReader(path)
+    # The metadata knows every tensor's full shape: allocate them empty and let DCP fill them,
+    # assembling the shards written by each rank.
+    flat = {}
+    for key, meta in reader.read_metadata().state_dict_metadata.items():
+        if wanted(key) and isinstance(meta, TensorStorageMetadata):
+            flat[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        elif wanted(key) and isinstance(meta, BytesStorageMetadata):
+            flat[key] = None
+    single_process_is_intended()
+    dcp.load(flat, storage_reader=reader, no_dist=True)
+    return flat
+
+
+def export_model(run_dir: Path, out: Path) -> Path:
+    """Write the model of the newest checkpoint as one file: `.pt` (a torch.save'd state dict)
+    or `.safetensors` (needs the optional `safetensors` package)."""
+    out = Path(out)
+    if out.suffix not in (".pt", ".safetensors"):
+        raise ValueError(f"export: --out must end in .pt or .safetensors, got {str(out)!r}")
+    if out.suffix == ".safetensors":
+        try:
+            import safetensors.torch
+        except ImportError:
+            raise CheckpointError(
+                "exporting .safetensors needs the safetensors package: pip install safetensors"
+            ) from None
+    config, state = load_model_state(run_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".pt":
+        atomic_write(out, lambda tmp: torch.save(state, tmp))
+    else:
+        meta = {"format": "pt", "config": json.dumps(config, sort_keys=True)}
+        atomic_write(out, lambda tmp: safetensors.torch.save_file(state, str(tmp), metadata=meta))
+    return out
+
+
+def git_commit() -> str | None:
+    """Commit of the code being run, or None (no git, not a repository): never fails."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    return result.stdout.strip() or None
