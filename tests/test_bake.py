@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE_DIR, answers, load_hook, run
+from conftest import TEMPLATE_DIR, answers, clean_env, load_hook, run
 
 
 @pytest.fixture(scope="session")
@@ -376,6 +376,17 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     ).stdout.splitlines()
     assert not out[0].startswith(str(venv))  # torch not reinstalled into the venv
     assert out[1].startswith(str(work / "src"))  # the project is installed editable
+    # with its dev extras: the README's one local path runs the tests from this venv (here
+    # pytest may come from the base interpreter too, hence the look at the install line)
+    run([str(venv / "bin/python"), "-c", "import pytest, pre_commit"], cwd=work)
+    assert "--editable '.[dev]'" in (work / "scripts/setup_venv.sh").read_text()
+    # inside an active venv the new venv would see the base interpreter's torch: refused
+    active = clean_env() | {"VIRTUAL_ENV": str(venv)}
+    inside = run(
+        ["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, env=active, check=False
+    )
+    assert inside.returncode == 2 and inside.stderr.startswith("error: a venv is active")
+    assert len(inside.stderr.splitlines()) == 1
     # a flavour that this repo does not have is refused
     bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
@@ -649,7 +660,13 @@ def test_helper_jobs_go_where_the_training_job_goes(bake, tmp_path):
         "--ntasks=1",
         "--time=00:30:00",
     ]
-    assert setup[6] == f"--environment={repo}/container/edf.toml"
+    # an Alps Extended Image starts its network stack through PMIx, in helper steps too
+    assert setup[6:10] == [
+        f"--environment={repo}/container/edf.toml",
+        "--mpi=pmix",
+        "--network=disable_rdzv_get",
+        "bash",
+    ]
 
 
 def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):

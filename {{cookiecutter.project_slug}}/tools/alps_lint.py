@@ -817,6 +817,7 @@ class Script:
         self.assigned = assignments(self.commands)
         variables = variable_texts(self.commands)
         self.sruns: list[tuple[Command, bool]] = []  # (command, runs with --environment)
+        self.srun_args: list[str] = []  # each srun's options, "${array[@]}" contents appended
         for command in self.commands:
             match = SRUN_RE.search(command.code)
             if match:
@@ -824,6 +825,7 @@ class Script:
                 for name in ARRAY_REF_RE.findall(args):  # srun "${srun_args[@]}" ...
                     args += variables.get(name, "")
                 self.sruns.append((command, "--environment" in args))
+                self.srun_args.append(args)
         self.container_job = any(has_env for _, has_env in self.sruns)
         self.uenv_lines = [d.line for d in self.directives if d.name == "--uenv"]
         self.uenv_lines += [c.start for c, _ in self.sruns if re.search(r"--uenv[=\s]", c.code)]
@@ -882,6 +884,65 @@ def sb_srun_env(script: Script) -> Iterator[Report]:
                     "srun without --environment in a container job: this step runs on the host",
                     command.end,
                 )
+
+
+SRUN_EDF_RE = re.compile(r"--environment[=\s]+[\"']?([^\s\"']+)")
+MPI_PMIX_RE = re.compile(r"--mpi[=\s]+[\"']?pmix\b|\bSLURM_MPI_TYPE=[\"']?pmix\b")
+NO_RDZV_GET_RE = re.compile(
+    r"--network[=\s]+[\"']?\S*disable_rdzv_get|\bSLURM_NETWORK=[\"']?\S*disable_rdzv_get"
+)
+
+
+def srun_edf(args: str, root: Path) -> Path | None:
+    """The repository EDF an srun's --environment names (${PWD}/, ${SLURM_SUBMIT_DIR}/ and ./
+    read as the repository root, where the scripts run), or None."""
+    match = SRUN_EDF_RE.search(args)
+    if not match:
+        return None
+    target = re.sub(r"^(?:\$\{?(?:PWD|SLURM_SUBMIT_DIR)\}?/|\./)", "", match.group(1))
+    if "$" in target or target.startswith("/"):
+        return None
+    candidate = root / (target if target.endswith(".toml") else target + ".toml")
+    return candidate if candidate.is_file() else None
+
+
+@rule(
+    "SB-EXT-PMIX",
+    "An Alps Extended Image starts its network stack through PMIx: every `srun` into it needs "
+    "`--mpi=pmix --network=disable_rdzv_get` (or `SLURM_MPI_TYPE=pmix` and "
+    "`SLURM_NETWORK=disable_rdzv_get`), helper steps such as a venv build included; without "
+    "them NCCL has no Slingshot network. Checked in job scripts and `*.sh`.",
+    "shell",
+)
+def sb_ext_pmix(script: Script) -> Iterator[Report]:
+    assigned = variable_texts(script.commands)
+    environment = " ".join(f"{name}={text.strip()}" for name, text in assigned.items())
+    for (command, has_env), args in zip(script.sruns, script.srun_args):
+        edf_path = srun_edf(args, script.root) if has_env else None
+        if edf_path is None or tomllib is None:
+            continue
+        text = edf_path.read_text(encoding="utf-8", errors="replace")
+        try:
+            image = tomllib.loads(text).get("image", "")
+        except tomllib.TOMLDecodeError:
+            continue
+        base = detect_base(text, image if isinstance(image, str) else "", edf_path, script.root)
+        if base[0] != "alps-extended":
+            continue
+        missing = [
+            option
+            for option, pattern in (
+                ("--mpi=pmix", MPI_PMIX_RE),
+                ("--network=disable_rdzv_get", NO_RDZV_GET_RE),
+            )
+            if not pattern.search(args) and not pattern.search(environment)
+        ]
+        if missing:
+            yield Report(
+                command.start,
+                f"srun into an Alps Extended Image ({base[1]}) without {' '.join(missing)}",
+                command.end,
+            )
 
 
 @rule(
