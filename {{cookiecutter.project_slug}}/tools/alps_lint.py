@@ -91,9 +91,19 @@ def rule(rule_id: str, why: str, subject: str, file_level: bool = False):
     return register
 
 
-# CSCS's progressive layout (storage guide, 2025-11); one source: the template's private
-# answer _lustre_layout, also used by scripts/stripe_lustre.sh.
-LUSTRE_LAYOUT = "{{ cookiecutter._lustre_layout }}"
+# CSCS's progressive Lustre layout (storage guide, 2025-11) is written once, in this script's
+# LAYOUT=(...) line; the linter and the doctor read it from there.
+STRIPE_SCRIPT = "scripts/stripe_lustre.sh"
+LAYOUT_RE = re.compile(r"(?m)^LAYOUT=\(([^)\n]*)\)")
+
+
+def lustre_layout(root: Path) -> str | None:
+    """The `lfs setstripe` options of the repository's scripts/stripe_lustre.sh, or None."""
+    try:
+        match = LAYOUT_RE.search((root / STRIPE_SCRIPT).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return " ".join(match.group(1).split()) if match else None
 
 
 @dataclass(frozen=True)
@@ -917,7 +927,7 @@ def srun_edf(args: str, root: Path) -> Path | None:
 def sb_ext_pmix(script: Script) -> Iterator[Report]:
     assigned = variable_texts(script.commands)
     environment = " ".join(f"{name}={text.strip()}" for name, text in assigned.items())
-    for (command, has_env), args in zip(script.sruns, script.srun_args):
+    for (command, has_env), args in zip(script.sruns, script.srun_args, strict=True):
         edf_path = srun_edf(args, script.root) if has_env else None
         if edf_path is None or tomllib is None:
             continue
@@ -1047,18 +1057,16 @@ def sb_account(script: Script) -> Iterator[Report]:
 @rule(
     "LUSTRE-STRIPE",
     "`lfs setstripe ... -c -1` stripes over every OST (~160 on Capstor), the stale layout of "
-    f"older guides; CSCS now recommends `lfs setstripe {LUSTRE_LAYOUT}` (uenv caps striping at "
-    "32 too). Checked in job scripts and `*.sh`.",
+    "older guides; CSCS now recommends a progressive layout that ends at 32 (uenv caps "
+    f"striping at 32 too), the one `{STRIPE_SCRIPT}` applies. Checked in job scripts and `*.sh`.",
     "shell",
 )
 def lustre_stripe(script: Script) -> Iterator[Report]:
+    layout = lustre_layout(script.root)
+    advice = f"use 'lfs setstripe {layout}' ({STRIPE_SCRIPT})" if layout else f"use {STRIPE_SCRIPT}"
     for command in script.commands:
         if STRIPE_RE.search(command.code) and ALL_OSTS_RE.search(command.code):
-            yield Report(
-                command.start,
-                f"'-c -1' stripes over all OSTs: use 'lfs setstripe {LUSTRE_LAYOUT}'",
-                command.end,
-            )
+            yield Report(command.start, f"'-c -1' stripes over all OSTs: {advice}", command.end)
 
 
 # ---------------------------------------------------------------------------------------------
