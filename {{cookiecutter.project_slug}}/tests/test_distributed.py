@@ -1,5 +1,6 @@
 """Rank/world/device resolution from torchrun and Slurm variables, node lists, srun check."""
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -169,3 +170,25 @@ def test_cpu_threads_per_rank():
     assert distributed.cpu_threads(3, env, {}) == 3
     assert distributed.cpu_threads(0, env, {"OMP_NUM_THREADS": "2"}) == 2
     assert distributed.cpu_threads(0, env, {"SLURM_CPUS_PER_TASK": "72"}) == 72
+
+
+def test_cpu_threads_under_torchrun_share_the_task_cpus():
+    """torchrun puts OMP_NUM_THREADS=1 in every worker's environment: on a 288-core task with 4
+    workers each rank gets 72 threads, not 1; cpu_threads=N still wins."""
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "none",
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    env = resolve_env(torchrun)
+    assert env.local_world_size == 4
+    worker = {**torchrun, "OMP_NUM_THREADS": "1", "SLURM_CPUS_PER_TASK": "288"}
+    assert distributed.cpu_threads(0, env, worker) == 72
+    assert distributed.cpu_threads(5, env, worker) == 5
+    without_slurm = {**torchrun, "OMP_NUM_THREADS": "1"}  # off Slurm: the affinity mask
+    expected = max(1, len(os.sched_getaffinity(0)) // 4)
+    assert distributed.cpu_threads(0, env, without_slurm) == expected
