@@ -67,6 +67,7 @@ def test_exact_file_set(baked, post_gen_hook):
         "configs/default.toml",
         "scripts/setup_venv.sh",
         "scripts/stripe_lustre.sh",
+        "jobs/common.sh",
         "logs/.gitkeep",
         f"src/{package}/__main__.py",
     ):
@@ -192,9 +193,12 @@ def test_job_scripts_follow_answers(baked):
     a = answers(name)
     jobs = sorted((path / "jobs").glob("*.sbatch"))
     assert jobs
+    common = (path / "jobs" / "common.sh").read_text()  # what every job script sources
     for job in jobs:
         d = sbatch_directives(job)
-        text = job.read_text()
+        own = job.read_text()
+        assert own.rstrip().endswith("\nsource jobs/common.sh")
+        text = own + common
         assert d["job-name"] == path.name
         assert d["partition"] == a["partition"]
         assert d["time"] == a["time_limit"]
@@ -228,6 +232,13 @@ def test_job_scripts_follow_answers(baked):
         assert ("--environment=" in text) == (not uenv)
         extended = a["container_base"] == "alps-extended"
         assert ("--mpi=pmix" in text) == (not uenv and extended)
+        # the pinned uenv's view sets hybrid, tested with its libfabric; the job keeps it
+        assert ("export FI_CXI_RX_MATCH_MODE=hybrid  #" in text) == uenv
+        assert "FI_CXI_RX_MATCH_MODE=software" not in text
+        # the flavour's own part is in the job script, the shared part in common.sh only
+        assert "NCCL_NET" not in common and "--environment" not in common
+        code = [line for line in own.splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in code if re.match(r"\s*(srun|scontrol) ", line)]
 
 
 def test_edf_matches_base_image(baked):
@@ -575,6 +586,51 @@ def test_job_script_refuses_bad_array_settings(fake_job, tmp_path, env, message)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def run_task(command: list[str], repo: Path, tmp_path: Path, **env: str) -> list[str]:
+    """Run one recorded `srun ... bash -c CMD bash ARGS` task as Slurm would on a node (the venv
+    and nsys are recorders); returns the program it ran, with its arguments."""
+    bash = command.index("bash")
+    fake = tmp_path / "task-bin"
+    fake.mkdir(exist_ok=True)
+    log = tmp_path / "task-argv"
+    for name in ("python", "nsys"):
+        (fake / name).write_text(f'#!/bin/bash\nprintf "%s\\n" {name} "$@" > "{log}"\n')
+        (fake / name).chmod(0o755)
+    venv = repo / ".venv-uenv" / "bin"
+    (venv / "activate").write_text(f'export PATH="{fake}:$PATH"\n')
+    task_env = {"PATH": f"{fake}:/usr/bin:/bin", "VENV": str(venv.parent), "SLURM_JOB_ID": "42"}
+    subprocess.run(
+        command[bash:], cwd=repo, env=task_env | env, check=True, capture_output=True, text=True
+    )
+    return log.read_text().splitlines()
+
+
+def test_nsys_profiles_the_training_step_of_the_chosen_ranks(fake_job, tmp_path):
+    """NSYS=1: rank 0 (with torchrun: node 0's torchrun) trains under `nsys profile`, its report
+    in <RUN_DIR>/nsys/; NSYS=all: every one; unset: none; the doctor never; a typo: exit 2."""
+    repo = tmp_path / "work" / "alps-torch-project"
+    run_dir = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project"
+    for nsys, node, profiled in (("1", "0", True), ("1", "1", False), ("all", "1", True)):
+        proc, calls = fake_job(NSYS=nsys, DOCTOR="1")
+        assert proc.returncode == 0, proc.stderr
+        doctor, train = calls
+        env = {"NSYS": nsys, "NSYS_DIR": str(run_dir / "nsys"), "SLURM_NODEID": node}
+        argv = run_task(train, repo, tmp_path, **env)
+        if profiled:
+            output = f"--output={run_dir}/nsys/42-node{node}"
+            assert argv[:4] == ["nsys", "profile", "--trace=cuda,nvtx,osrt", output]
+            assert argv[4:7] == ["python", "-m", "torch.distributed.run"]
+        else:
+            assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+        assert (run_dir / "nsys").is_dir()
+        assert run_task(doctor, repo, tmp_path, **env)[0] == "python"
+    proc, calls = fake_job()
+    assert run_task(calls[0], repo, tmp_path, NSYS="0", SLURM_NODEID="0")[0] == "python"
+    proc, calls = fake_job(NSYS="yes")
+    assert proc.returncode == 2 and calls == []
+    assert proc.stderr.startswith("error: NSYS=yes: use NSYS=1 (node 0) or NSYS=all")
+
+
 def text_files(root: Path) -> dict[str, str]:
     files = {}
     for rel in generated_files(root):
@@ -616,8 +672,11 @@ def test_each_fact_is_written_once(baked):
         assert holders(base) == {"Dockerfile": 1}
     # the linter's advice and the doctor's read it from there (tests hold fixtures of it)
     assert holders(LUSTRE_LAYOUT) == {"scripts/stripe_lustre.sh": 1}
-    jobs = {rel for rel in files if rel.startswith("jobs/")}
-    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == dict.fromkeys(jobs, 1)
+    jobs = {rel for rel in files if rel.endswith(".sbatch")}
+    # the part both job scripts share is written once (jobs/common.sh, sourced by each)
+    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == {"jobs/common.sh": 1}
+    assert holders('scontrol requeue "${job_ref}"') == {"jobs/common.sh": 1}
+    assert holders("RUN_NAME=\"${RUN_NAME:-${SLURM_JOB_NAME}}\"") == {"jobs/common.sh": 1}
     assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
     if a["account"]:
         assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)

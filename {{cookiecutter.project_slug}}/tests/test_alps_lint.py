@@ -574,6 +574,37 @@ def test_uenv_snippet_from_a_sourced_file(lint):
     assert lint(files, "jobs/train_uenv.sbatch") == (0, [])
 
 
+def test_steps_of_a_sourced_file_count_for_the_job(lint):
+    """A job script that sources a shared file (jobs/common.sh) is checked with that file's
+    sruns, which see the job's srun_args; a problem is reported on the `source` line."""
+    job = dedent(
+        """
+        #!/bin/bash
+        #SBATCH --account=a-g34
+        srun_args=(--label --environment="${PWD}/container/edf.toml")
+        source jobs/common.sh
+        """
+    )
+    common = 'srun "${srun_args[@]}" python -m app\n'
+    files = {"jobs/train_container.sbatch": job, "jobs/common.sh": common}
+    assert lint(files, "jobs/train_container.sbatch") == (0, [])
+    files["jobs/common.sh"] = common + "srun hostname\n"
+    assert lint(files, "jobs/train_container.sbatch") == (
+        1,
+        [
+            "jobs/train_container.sbatch:4: SB-SRUN-ENV: srun without --environment in a "
+            "container job: this step runs on the host"
+        ],
+    )
+    extended = {**EXTENDED_REPO, **files, "jobs/common.sh": common}
+    status, report = lint(extended, "jobs/train_container.sbatch")
+    assert report == [
+        "jobs/train_container.sbatch:4: SB-EXT-PMIX: srun into an Alps Extended Image "
+        "(Dockerfile: FROM ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:26.02-py3-alps6) "
+        "without --mpi=pmix --network=disable_rdzv_get"
+    ]
+
+
 def test_sh_file_with_sbatch_lines_is_a_job(lint):
     job = CONTAINER_JOB.replace("#SBATCH --account=a-g34\n", "")
     assert lint({"jobs/train.sh": job}, "jobs/train.sh") == (

@@ -770,19 +770,25 @@ def variable_texts(commands: list[Command]) -> dict[str, str]:
     return texts
 
 
-def sourced_assignments(commands: list[Command], root: Path) -> set[str]:
-    """Variables assigned in repository files the script sources (e.g. a shared NCCL snippet)."""
-    names: set[str] = set()
+def sourced_files(commands: list[Command], root: Path) -> list[tuple[Command, Path]]:
+    """(source command, file) of each repository file the script sources (e.g. jobs/common.sh,
+    or a shared NCCL snippet); paths relative to the repository root, where jobs run."""
+    found = []
     for command in commands:
         for match in SOURCE_RE.finditer(command.code):
             target = match.group(1).strip("\"'")
             target = re.sub(r"^\$\{?(?:SLURM_SUBMIT_DIR|PWD)\}?/", "", target)
-            if "$" in target:
-                continue
-            candidate = root / target
-            if candidate.is_file():
-                text = candidate.read_text(encoding="utf-8", errors="replace")
-                names |= {name for name, _ in assignments(shell_commands(text))}
+            if "$" not in target and (root / target).is_file():
+                found.append((command, root / target))
+    return found
+
+
+def sourced_assignments(commands: list[Command], root: Path) -> set[str]:
+    """Variables assigned in repository files the script sources."""
+    names: set[str] = set()
+    for _, path in sourced_files(commands, root):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        names |= {name for name, _ in assignments(shell_commands(text))}
     return names
 
 
@@ -828,13 +834,20 @@ class Script:
         variables = variable_texts(self.commands)
         self.sruns: list[tuple[Command, bool]] = []  # (command, runs with --environment)
         self.srun_args: list[str] = []  # each srun's options, "${array[@]}" contents appended
-        for command in self.commands:
-            match = SRUN_RE.search(command.code)
+        steps = [(command, command) for command in self.commands]
+        for command, path in sourced_files(self.commands, root):  # e.g. jobs/common.sh
+            sourced = shell_commands(path.read_text(encoding="utf-8", errors="replace"))
+            for name, text in variable_texts(sourced).items():
+                variables[name] = variables.get(name, "") + text
+            # a step of the sourced file is reported on the line that sources it
+            steps += [(command, Command(command.start, command.end, c.code)) for c in sourced]
+        for where, step in steps:
+            match = SRUN_RE.search(step.code)
             if match:
-                args = command.code[match.end() :]
+                args = step.code[match.end() :]
                 for name in ARRAY_REF_RE.findall(args):  # srun "${srun_args[@]}" ...
                     args += variables.get(name, "")
-                self.sruns.append((command, "--environment" in args))
+                self.sruns.append((where, "--environment" in args))
                 self.srun_args.append(args)
         self.container_job = any(has_env for _, has_env in self.sruns)
         self.uenv_lines = [d.line for d in self.directives if d.name == "--uenv"]
