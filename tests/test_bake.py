@@ -280,6 +280,33 @@ def test_edf_matches_base_image(baked):
     assert "-c /tmp/torch-constraint.txt" in dockerfile
 
 
+def test_image_holds_the_dependencies_but_no_copy_of_the_project(bake, tmp_path):
+    """The Dockerfile's RUN, run in a venv on this python (torch from outside, as in the image):
+    the dependencies stay installed, the project does not (the venv's editable install is the
+    one copy of the code a job runs; a copy in the image would shadow nothing but go stale)."""
+    repo = bake("default")
+    work = tmp_path / "opt" / repo.name
+    shutil.copytree(repo, work, ignore=shutil.ignore_patterns(".git"))
+    text = re.sub(r"\\\n", " ", (repo / "Dockerfile").read_text())
+    command = next(line[4:] for line in text.splitlines() if line.startswith("RUN "))
+    command = command.replace("/tmp/", f"{tmp_path}/").replace(f"/opt/{repo.name}", str(work))
+    venv = tmp_path / "image-python"
+    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=tmp_path)
+    # offline and quick: build with this python's setuptools (the venv's seeded one is older)
+    run([str(venv / "bin/pip"), "uninstall", "--quiet", "--yes", "setuptools"], cwd=tmp_path)
+    env = clean_env() | {
+        "PATH": f"{venv}/bin:{clean_env()['PATH']}",
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_BUILD_ISOLATION": "0",  # sic: pip reads "0" as "no build isolation"
+    }
+    run(["bash", "-c", command], cwd=work, env=env, timeout=600)
+    package = repo.name.replace("-", "_")
+    probe = run([str(venv / "bin/python"), "-c", f"import {package}"], cwd=tmp_path, check=False)
+    assert "ModuleNotFoundError" in probe.stderr
+    assert not (work / "src").exists()
+    run([str(venv / "bin/python"), "-c", "import numpy, torch"], cwd=tmp_path)
+
+
 def test_pyproject_keeps_torch_loose(baked):
     _, path = baked
     project = tomllib.loads((path / "pyproject.toml").read_text())["project"]

@@ -173,8 +173,8 @@ def test_cpu_threads_per_rank():
 
 
 def test_cpu_threads_under_torchrun_share_the_task_cpus():
-    """torchrun puts OMP_NUM_THREADS=1 in every worker's environment: on a 288-core task with 4
-    workers each rank gets 72 threads, not 1; cpu_threads=N still wins."""
+    """torchrun puts OMP_NUM_THREADS=1 in every worker's environment: on a task bound to 288
+    cores with 4 workers each rank gets 72 threads, not 1; cpu_threads=N still wins."""
     torchrun = {
         "TORCHELASTIC_RUN_ID": "none",
         "RANK": "1",
@@ -187,8 +187,9 @@ def test_cpu_threads_under_torchrun_share_the_task_cpus():
     env = resolve_env(torchrun)
     assert env.local_world_size == 4
     worker = {**torchrun, "OMP_NUM_THREADS": "1", "SLURM_CPUS_PER_TASK": "288"}
-    assert distributed.cpu_threads(0, env, worker) == 72
-    assert distributed.cpu_threads(5, env, worker) == 5
-    without_slurm = {**torchrun, "OMP_NUM_THREADS": "1"}  # off Slurm: the affinity mask
+    assert distributed.cpu_threads(0, env, worker, bound_cpus=288) == 72
+    assert distributed.cpu_threads(0, env, worker, bound_cpus=2) == 1  # never 0
+    assert distributed.cpu_threads(5, env, worker, bound_cpus=288) == 5
+    # by default the CPUs this process is bound to, whatever SLURM_CPUS_PER_TASK claims
     expected = max(1, len(os.sched_getaffinity(0)) // 4)
-    assert distributed.cpu_threads(0, env, without_slurm) == expected
+    assert distributed.cpu_threads(0, env, worker) == expected
