@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -101,10 +102,35 @@ def test_answers_doc_states_every_answer(baked):
     ]
     assert [key for key, _ in listed] == asked + settings  # every answer and setting, in order
     visible = {k: answers(name)[k] for k in asked + settings}
+    uenv = answers(name)["env_flavour"] == "uenv"
     for key, shown in listed:
         value = visible[key]
+        unused = " (unused: a uenv repository has no container)"
+        assert shown.endswith(unused) == (uenv and key in CONTAINER_ONLY_ANSWERS), key
+        shown = shown.removesuffix(unused)
         if "{" not in str(value):  # derived defaults (slug, paths) are rendered in the doc
             assert shown == (str(value) or "(empty)"), key
+
+
+# Asked of everyone (cookiecutter 2.x has no conditional prompts), used by container repos only.
+CONTAINER_ONLY_ANSWERS = ("container_base", "image_dir")
+
+
+def test_container_answers_say_a_uenv_repo_ignores_them(bake):
+    """Their prompts say so, and a uenv repository indeed holds neither value (outside the
+    answers record and the linter's generic fixtures)."""
+    prompts = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())["__prompts__"]
+    for key in CONTAINER_ONLY_ANSWERS:
+        prompt = prompts[key]["__prompt__"] if isinstance(prompts[key], dict) else prompts[key]
+        assert prompt.endswith("(container and both only: a uenv repo ignores it)"), key
+    repo = bake("uenv-torchrun")
+    a = answers("uenv-torchrun")
+    for rel, text in text_files(repo).items():
+        generic = ("docs/answers.md", "docs/pre-commit.md", "tools/alps_lint.py")
+        if rel.startswith("tests/") or rel in generic:
+            continue
+        assert a["image_dir"] not in text and "alps-extended" not in text, rel
+        assert f"{a['__ngc_pytorch_tag']}-py3" not in text, rel
 
 
 def test_secrets_are_ignored_by_git(bake, tmp_path):
