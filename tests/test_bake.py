@@ -694,8 +694,6 @@ def text_files(root: Path) -> dict[str, str]:
     return files
 
 
-
-
 def test_each_fact_is_written_once(baked):
     """The image file, the base image, the Lustre layout, TORCH_NCCL_ASYNC_ERROR_HANDLING and
     the partition each live in one place of the generated repo; the rest reads them from there."""
@@ -729,7 +727,7 @@ def test_each_fact_is_written_once(baked):
     # the part both job scripts share is written once (jobs/common.sh, sourced by each)
     assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == {"jobs/common.sh": 1}
     assert holders('scontrol requeue "${job_ref}"') == {"jobs/common.sh": 1}
-    assert holders("RUN_NAME=\"${RUN_NAME:-${SLURM_JOB_NAME}}\"") == {"jobs/common.sh": 1}
+    assert holders('RUN_NAME="${RUN_NAME:-${SLURM_JOB_NAME}}"') == {"jobs/common.sh": 1}
     assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
     if a["account"]:
         assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)
