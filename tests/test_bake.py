@@ -483,7 +483,7 @@ def test_regenerating_over_a_repo_adds_no_commit(bake, tmp_path):
 
 
 REPO_PATH = re.compile(
-    r"(?<![\w/.-])(?:jobs|scripts|container|docs|configs|tools)/[\w.-]+\.(?:sbatch|sh|toml|md|py)\b"
+    r"(?<![\w/.-])(?:jobs|scripts|container|docs|configs|tools|tests)/[\w.-]+\.(?:sbatch|sh|toml|md|py)\b"
 )
 CONTAINER_NAMES = re.compile(r"`(Dockerfile|\.dockerignore)`")
 
@@ -796,6 +796,44 @@ def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):
     proc = run(["bash", "scripts/build_image.sh"], cwd=repo, env=env, check=False)  # no SCRATCH
     assert proc.returncode == 2 and proc.stdout == ""
     assert "container/edf.toml's image uses ${SCRATCH}, which is not set here" in proc.stderr
+
+
+def test_docs_index_links_every_page(baked):
+    """docs/index.md links each page of docs/ (answers.md was reachable from nowhere), the README
+    links the index, and every link of the index resolves."""
+    _, path = baked
+    index = (path / "docs" / "index.md").read_text()
+    links = set(re.findall(r"\]\(([^)#]+)", index))
+    pages = {p.name for p in (path / "docs").glob("*.md")} - {"index.md"}
+    assert pages <= links, f"not in docs/index.md: {sorted(pages - links)}"
+    assert all((path / "docs" / link).resolve().is_file() for link in links), links
+    assert "(docs/index.md)" in (path / "README.md").read_text()
+
+
+def test_readme_local_section_is_one_path(baked):
+    """The README's local set-up is setup_venv.sh --here (dev extras, the venv the demo and the
+    E2E tests build) and the dataset goes where docs/training.md puts it."""
+    _, path = baked
+    readme = (path / "README.md").read_text()
+    local = readme.split("## Run it locally", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"scripts/setup_venv\.sh \w+ --here && \. \.venv-\w+/bin/activate", local)
+    assert "pip install" not in local.replace("python3 -m pip install torch", "")
+    assert "python -m venv" not in local
+    training = (path / "docs" / "training.md").read_text()
+    assert "--out data/stdlib-bytes" in local and "--out data/stdlib-bytes" in training
+    assert "runs/stdlib-bytes" not in readme
+    assert "fast subset" in local and "full suite" in local
+
+
+def test_readme_says_where_to_clone_and_how_to_try_the_debug_partition(baked):
+    name, path = baked
+    readme = (path / "README.md").read_text()
+    assert "**Where to clone**: in `$HOME`" in readme and "/capstor/store" in readme
+    assert "14 days" in readme
+    assert "sbatch --partition=debug" in readme
+    limits = {"clariden": "at most 4 nodes and 1.5 node-hours", "daint": "at most 2 nodes and 30"}
+    limits["santis"] = limits["daint"]
+    assert limits[answers(name)["cluster"]] in readme
 
 
 def test_readme_speaks_of_the_chosen_flavour_only(baked):
