@@ -495,7 +495,7 @@ def test_no_dangling_references(baked):
         path / "README.md",
         *path.glob("docs/*.md"),
         *path.glob("scripts/*.sh"),
-        *path.glob("jobs/*.sbatch"),
+        *path.glob("jobs/*"),
     ]
     for text_file in texts:
         text = text_file.read_text()
