@@ -830,7 +830,10 @@ def test_readme_says_where_to_clone_and_how_to_try_the_debug_partition(baked):
     readme = (path / "README.md").read_text()
     assert "**Where to clone**: in `$HOME`" in readme and "/capstor/store" in readme
     assert "14 days" in readme
-    assert "sbatch --partition=debug" in readme
+    debug_run = (
+        "sbatch --nodes=1" if answers(name)["partition"] == "debug" else "sbatch --partition=debug"
+    )
+    assert debug_run in readme
     limits = {"clariden": "at most 4 nodes and 1.5 node-hours", "daint": "at most 2 nodes and 30"}
     limits["santis"] = limits["daint"]
     assert limits[answers(name)["cluster"]] in readme
