@@ -817,7 +817,7 @@ def test_readme_local_section_is_one_path(baked):
     readme = (path / "README.md").read_text()
     local = readme.split("## Run it locally", 1)[1].split("\n## ", 1)[0]
     assert re.search(r"scripts/setup_venv\.sh \w+ --here && \. \.venv-\w+/bin/activate", local)
-    assert "pip install" not in local.replace("python3 -m pip install torch", "")
+    assert local.count("pip install") == 1  # torch itself, where python3 has none
     assert "python -m venv" not in local
     training = (path / "docs" / "training.md").read_text()
     assert "--out data/stdlib-bytes" in local and "--out data/stdlib-bytes" in training
