@@ -16,7 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# In cookiecutter's own order (tojson sorts keys): the order cruft writes them to .cruft.json.
+ANSWER_ORDER: list = {{cookiecutter.keys() | list | tojson}}
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
+ANSWERS = {key: ANSWERS[key] for key in ANSWER_ORDER}
 
 # The one list of files that belong to one answer only: {answer: {choice: paths}}. A choice
 # not listed keeps every file ("both" keeps the container and the uenv files, "none" drops all
@@ -195,15 +198,33 @@ def cruft_scratch_render(answers: dict) -> bool:
     )
 
 
+def cruft_state(answers: dict) -> str:
+    """The .cruft.json that `cruft create` writes once this hook has run (cruft #155), byte for
+    byte (cruft's json_dumps of template, commit, checkout, context, directory), so that the
+    first commit can hold it. A `cruft create --checkout/--directory/--skip` writes other
+    values: cruft then leaves the file modified, and main() says to commit it."""
+    state = {
+        "template": answers["_template"],
+        "commit": answers["_commit"],
+        "checkout": None,
+        "context": {"cookiecutter": answers},
+        "directory": None,
+    }
+    return json.dumps(state, ensure_ascii=False, indent=2, separators=(",", ": ")) + "\n"
+
+
 def main() -> int:
     remove_unchosen_files(ANSWERS)
     if cruft_scratch_render(ANSWERS):
         return 0  # the project itself is left to cruft's diff and git apply
     stripe_lustre(ANSWERS)
+    by_cruft = generated_by_cruft(ANSWERS) and not Path(".cruft.json").exists()
+    if by_cruft and wants_git(ANSWERS) and not inside_git_work_tree():
+        Path(".cruft.json").write_text(cruft_state(ANSWERS), encoding="utf-8")
     git_init(ANSWERS)
-    if generated_by_cruft(ANSWERS) and wants_git(ANSWERS):
-        # cruft writes .cruft.json after this hook has run (cruft #155).
-        print("cruft writes .cruft.json after this first commit; commit it before `cruft update`:")
+    if by_cruft and wants_git(ANSWERS):
+        print("The first commit holds .cruft.json as cruft writes it; if `git status` shows it")
+        print("modified (cruft create --checkout/--directory), commit it before `cruft update`:")
         print("  git add .cruft.json && git commit -m 'Record the template version (cruft)'")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE_DIR, answers, load_hook, run
+from conftest import TEMPLATE_DIR, answers, clean_env, load_hook, run
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +68,7 @@ def test_exact_file_set(baked, post_gen_hook):
         "configs/default.toml",
         "scripts/setup_venv.sh",
         "scripts/stripe_lustre.sh",
+        "jobs/common.sh",
         "logs/.gitkeep",
         f"src/{package}/__main__.py",
     ):
@@ -100,10 +102,35 @@ def test_answers_doc_states_every_answer(baked):
     ]
     assert [key for key, _ in listed] == asked + settings  # every answer and setting, in order
     visible = {k: answers(name)[k] for k in asked + settings}
+    uenv = answers(name)["env_flavour"] == "uenv"
     for key, shown in listed:
         value = visible[key]
+        unused = " (unused: a uenv repository has no container)"
+        assert shown.endswith(unused) == (uenv and key in CONTAINER_ONLY_ANSWERS), key
+        shown = shown.removesuffix(unused)
         if "{" not in str(value):  # derived defaults (slug, paths) are rendered in the doc
             assert shown == (str(value) or "(empty)"), key
+
+
+# Asked of everyone (cookiecutter 2.x has no conditional prompts), used by container repos only.
+CONTAINER_ONLY_ANSWERS = ("container_base", "image_dir")
+
+
+def test_container_answers_say_a_uenv_repo_ignores_them(bake):
+    """Their prompts say so, and a uenv repository indeed holds neither value (outside the
+    answers record and the linter's generic fixtures)."""
+    prompts = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())["__prompts__"]
+    for key in CONTAINER_ONLY_ANSWERS:
+        prompt = prompts[key]["__prompt__"] if isinstance(prompts[key], dict) else prompts[key]
+        assert prompt.endswith("(container and both only: a uenv repo ignores it)"), key
+    repo = bake("uenv-torchrun")
+    a = answers("uenv-torchrun")
+    for rel, text in text_files(repo).items():
+        generic = ("docs/answers.md", "docs/pre-commit.md", "tools/alps_lint.py")
+        if rel.startswith("tests/") or rel in generic:
+            continue
+        assert a["image_dir"] not in text and "alps-extended" not in text, rel
+        assert f"{a['__ngc_pytorch_tag']}-py3" not in text, rel
 
 
 def test_secrets_are_ignored_by_git(bake, tmp_path):
@@ -192,9 +219,12 @@ def test_job_scripts_follow_answers(baked):
     a = answers(name)
     jobs = sorted((path / "jobs").glob("*.sbatch"))
     assert jobs
+    common = (path / "jobs" / "common.sh").read_text()  # what every job script sources
     for job in jobs:
         d = sbatch_directives(job)
-        text = job.read_text()
+        own = job.read_text()
+        assert own.rstrip().endswith("\nsource jobs/common.sh")
+        text = own + common
         assert d["job-name"] == path.name
         assert d["partition"] == a["partition"]
         assert d["time"] == a["time_limit"]
@@ -228,6 +258,13 @@ def test_job_scripts_follow_answers(baked):
         assert ("--environment=" in text) == (not uenv)
         extended = a["container_base"] == "alps-extended"
         assert ("--mpi=pmix" in text) == (not uenv and extended)
+        # the pinned uenv's view sets hybrid, tested with its libfabric; the job keeps it
+        assert ("export FI_CXI_RX_MATCH_MODE=hybrid  #" in text) == uenv
+        assert "FI_CXI_RX_MATCH_MODE=software" not in text
+        # the flavour's own part is in the job script, the shared part in common.sh only
+        assert "NCCL_NET" not in common and "--environment" not in common
+        code = [line for line in own.splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in code if re.match(r"\s*(srun|scontrol) ", line)]
 
 
 def test_edf_matches_base_image(baked):
@@ -267,6 +304,33 @@ def test_edf_matches_base_image(baked):
     )
     assert expected_from in dockerfile.splitlines()
     assert "-c /tmp/torch-constraint.txt" in dockerfile
+
+
+def test_image_holds_the_dependencies_but_no_copy_of_the_project(bake, tmp_path):
+    """The Dockerfile's RUN, run in a venv on this python (torch from outside, as in the image):
+    the dependencies stay installed, the project does not (the venv's editable install is the
+    one copy of the code a job runs; a copy in the image would shadow nothing but go stale)."""
+    repo = bake("default")
+    work = tmp_path / "opt" / repo.name
+    shutil.copytree(repo, work, ignore=shutil.ignore_patterns(".git"))
+    text = re.sub(r"\\\n", " ", (repo / "Dockerfile").read_text())
+    command = next(line[4:] for line in text.splitlines() if line.startswith("RUN "))
+    command = command.replace("/tmp/", f"{tmp_path}/").replace(f"/opt/{repo.name}", str(work))
+    venv = tmp_path / "image-python"
+    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=tmp_path)
+    # offline and quick: build with this python's setuptools (the venv's seeded one is older)
+    run([str(venv / "bin/pip"), "uninstall", "--quiet", "--yes", "setuptools"], cwd=tmp_path)
+    env = clean_env() | {
+        "PATH": f"{venv}/bin:{clean_env()['PATH']}",
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_BUILD_ISOLATION": "0",  # sic: pip reads "0" as "no build isolation"
+    }
+    run(["bash", "-c", command], cwd=work, env=env, timeout=600)
+    package = repo.name.replace("-", "_")
+    probe = run([str(venv / "bin/python"), "-c", f"import {package}"], cwd=tmp_path, check=False)
+    assert "ModuleNotFoundError" in probe.stderr
+    assert not (work / "src").exists()
+    run([str(venv / "bin/python"), "-c", "import numpy, torch"], cwd=tmp_path)
 
 
 def test_pyproject_keeps_torch_loose(baked):
@@ -376,6 +440,17 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     ).stdout.splitlines()
     assert not out[0].startswith(str(venv))  # torch not reinstalled into the venv
     assert out[1].startswith(str(work / "src"))  # the project is installed editable
+    # with its dev extras: the README's one local path runs the tests from this venv (here
+    # pytest may come from the base interpreter too, hence the look at the install line)
+    run([str(venv / "bin/python"), "-c", "import pytest, pre_commit"], cwd=work)
+    assert "--editable '.[dev]'" in (work / "scripts/setup_venv.sh").read_text()
+    # inside an active venv the new venv would see the base interpreter's torch: refused
+    active = clean_env() | {"VIRTUAL_ENV": str(venv)}
+    inside = run(
+        ["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, env=active, check=False
+    )
+    assert inside.returncode == 2 and inside.stderr.startswith("error: a venv is active")
+    assert len(inside.stderr.splitlines()) == 1
     # a flavour that this repo does not have is refused
     bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
@@ -408,7 +483,7 @@ def test_regenerating_over_a_repo_adds_no_commit(bake, tmp_path):
 
 
 REPO_PATH = re.compile(
-    r"(?<![\w/.-])(?:jobs|scripts|container|docs|configs|tools)/[\w.-]+\.(?:sbatch|sh|toml|md|py)\b"
+    r"(?<![\w/.-])(?:jobs|scripts|container|docs|configs|tools|tests)/[\w.-]+\.(?:sbatch|sh|toml|md|py)\b"
 )
 CONTAINER_NAMES = re.compile(r"`(Dockerfile|\.dockerignore)`")
 
@@ -420,7 +495,7 @@ def test_no_dangling_references(baked):
         path / "README.md",
         *path.glob("docs/*.md"),
         *path.glob("scripts/*.sh"),
-        *path.glob("jobs/*.sbatch"),
+        *path.glob("jobs/*"),
     ]
     for text_file in texts:
         text = text_file.read_text()
@@ -564,6 +639,51 @@ def test_job_script_refuses_bad_array_settings(fake_job, tmp_path, env, message)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def run_task(command: list[str], repo: Path, tmp_path: Path, **env: str) -> list[str]:
+    """Run one recorded `srun ... bash -c CMD bash ARGS` task as Slurm would on a node (the venv
+    and nsys are recorders); returns the program it ran, with its arguments."""
+    bash = command.index("bash")
+    fake = tmp_path / "task-bin"
+    fake.mkdir(exist_ok=True)
+    log = tmp_path / "task-argv"
+    for name in ("python", "nsys"):
+        (fake / name).write_text(f'#!/bin/bash\nprintf "%s\\n" {name} "$@" > "{log}"\n')
+        (fake / name).chmod(0o755)
+    venv = repo / ".venv-uenv" / "bin"
+    (venv / "activate").write_text(f'export PATH="{fake}:$PATH"\n')
+    task_env = {"PATH": f"{fake}:/usr/bin:/bin", "VENV": str(venv.parent), "SLURM_JOB_ID": "42"}
+    subprocess.run(
+        command[bash:], cwd=repo, env=task_env | env, check=True, capture_output=True, text=True
+    )
+    return log.read_text().splitlines()
+
+
+def test_nsys_profiles_the_training_step_of_the_chosen_ranks(fake_job, tmp_path):
+    """NSYS=1: rank 0 (with torchrun: node 0's torchrun) trains under `nsys profile`, its report
+    in <RUN_DIR>/nsys/; NSYS=all: every one; unset: none; the doctor never; a typo: exit 2."""
+    repo = tmp_path / "work" / "alps-torch-project"
+    run_dir = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project"
+    for nsys, node, profiled in (("1", "0", True), ("1", "1", False), ("all", "1", True)):
+        proc, calls = fake_job(NSYS=nsys, DOCTOR="1")
+        assert proc.returncode == 0, proc.stderr
+        doctor, train = calls
+        env = {"NSYS": nsys, "NSYS_DIR": str(run_dir / "nsys"), "SLURM_NODEID": node}
+        argv = run_task(train, repo, tmp_path, **env)
+        if profiled:
+            output = f"--output={run_dir}/nsys/42-node{node}"
+            assert argv[:4] == ["nsys", "profile", "--trace=cuda,nvtx,osrt", output]
+            assert argv[4:7] == ["python", "-m", "torch.distributed.run"]
+        else:
+            assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+        assert (run_dir / "nsys").is_dir()
+        assert run_task(doctor, repo, tmp_path, **env)[0] == "python"
+    proc, calls = fake_job()
+    assert run_task(calls[0], repo, tmp_path, NSYS="0", SLURM_NODEID="0")[0] == "python"
+    proc, calls = fake_job(NSYS="yes")
+    assert proc.returncode == 2 and calls == []
+    assert proc.stderr.startswith("error: NSYS=yes: use NSYS=1 (node 0) or NSYS=all")
+
+
 def text_files(root: Path) -> dict[str, str]:
     files = {}
     for rel in generated_files(root):
@@ -572,11 +692,6 @@ def text_files(root: Path) -> dict[str, str]:
         except UnicodeDecodeError:
             continue
     return files
-
-
-# The files of the job-script workstream; the layout is also in tools/alps_lint.py (the linter's
-# rule) and in the package's doctor message, which are not counted here.
-OWN_FILES = ("README.md", "Dockerfile", "container/", "jobs/", "scripts/")
 
 
 def test_each_fact_is_written_once(baked):
@@ -606,9 +721,13 @@ def test_each_fact_is_written_once(baked):
         assert holders(sqsh) == {"container/edf.toml": 1}
         assert holders(f"{path.name}+{tag}") == {"container/edf.toml": 1}
         assert holders(base) == {"Dockerfile": 1}
-    assert holders(LUSTRE_LAYOUT, OWN_FILES) == {"scripts/stripe_lustre.sh": 1}
-    jobs = {rel for rel in files if rel.startswith("jobs/")}
-    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == dict.fromkeys(jobs, 1)
+    # the linter's advice and the doctor's read it from there (tests hold fixtures of it)
+    assert holders(LUSTRE_LAYOUT) == {"scripts/stripe_lustre.sh": 1}
+    jobs = {rel for rel in files if rel.endswith(".sbatch")}
+    # the part both job scripts share is written once (jobs/common.sh, sourced by each)
+    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == {"jobs/common.sh": 1}
+    assert holders('scontrol requeue "${job_ref}"') == {"jobs/common.sh": 1}
+    assert holders('RUN_NAME="${RUN_NAME:-${SLURM_JOB_NAME}}"') == {"jobs/common.sh": 1}
     assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
     if a["account"]:
         assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)
@@ -649,7 +768,13 @@ def test_helper_jobs_go_where_the_training_job_goes(bake, tmp_path):
         "--ntasks=1",
         "--time=00:30:00",
     ]
-    assert setup[6] == f"--environment={repo}/container/edf.toml"
+    # an Alps Extended Image starts its network stack through PMIx, in helper steps too
+    assert setup[6:10] == [
+        f"--environment={repo}/container/edf.toml",
+        "--mpi=pmix",
+        "--network=disable_rdzv_get",
+        "bash",
+    ]
 
 
 def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):
@@ -671,6 +796,47 @@ def test_build_image_refuses_an_image_name_that_does_not_match(bake, tmp_path):
     proc = run(["bash", "scripts/build_image.sh"], cwd=repo, env=env, check=False)  # no SCRATCH
     assert proc.returncode == 2 and proc.stdout == ""
     assert "container/edf.toml's image uses ${SCRATCH}, which is not set here" in proc.stderr
+
+
+def test_docs_index_links_every_page(baked):
+    """docs/index.md links each page of docs/ (answers.md was reachable from nowhere), the README
+    links the index, and every link of the index resolves."""
+    _, path = baked
+    index = (path / "docs" / "index.md").read_text()
+    links = set(re.findall(r"\]\(([^)#]+)", index))
+    pages = {p.name for p in (path / "docs").glob("*.md")} - {"index.md"}
+    assert pages <= links, f"not in docs/index.md: {sorted(pages - links)}"
+    assert all((path / "docs" / link).resolve().is_file() for link in links), links
+    assert "(docs/index.md)" in (path / "README.md").read_text()
+
+
+def test_readme_local_section_is_one_path(baked):
+    """The README's local set-up is setup_venv.sh --here (dev extras, the venv the demo and the
+    E2E tests build) and the dataset goes where docs/training.md puts it."""
+    _, path = baked
+    readme = (path / "README.md").read_text()
+    local = readme.split("## Run it locally", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"scripts/setup_venv\.sh \w+ --here && \. \.venv-\w+/bin/activate", local)
+    assert local.count("pip install") == 1  # torch itself, where python3 has none
+    assert "python -m venv" not in local
+    training = (path / "docs" / "training.md").read_text()
+    assert "--out data/stdlib-bytes" in local and "--out data/stdlib-bytes" in training
+    assert "runs/stdlib-bytes" not in readme
+    assert "fast subset" in local and "full suite" in local
+
+
+def test_readme_says_where_to_clone_and_how_to_try_the_debug_partition(baked):
+    name, path = baked
+    readme = (path / "README.md").read_text()
+    assert "**Where to clone**: in `$HOME`" in readme and "/capstor/store" in readme
+    assert "14 days" in readme
+    debug_run = (
+        "sbatch --nodes=1" if answers(name)["partition"] == "debug" else "sbatch --partition=debug"
+    )
+    assert debug_run in readme
+    limits = {"clariden": "at most 4 nodes and 1.5 node-hours", "daint": "at most 2 nodes and 30"}
+    limits["santis"] = limits["daint"]
+    assert limits[answers(name)["cluster"]] in readme
 
 
 def test_readme_speaks_of_the_chosen_flavour_only(baked):

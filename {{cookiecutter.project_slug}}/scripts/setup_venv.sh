@@ -12,7 +12,8 @@
 #   scripts/setup_venv.sh FLAVOUR --squash  # also pack the venv into a squashfs image (see README)
 #
 # The venv (.venv-FLAVOUR) uses --system-site-packages so torch, CUDA and NCCL come from the
-# environment; it belongs to exactly one image: rebuild it after changing the image.
+# environment; it belongs to exactly one image: rebuild it after changing the image. It holds
+# the project (editable) with its dev extras (pytest, pre-commit), on Alps and locally alike.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -54,7 +55,8 @@ if [[ ${here} -eq 0 ]]; then
         # training job runs (the account and partition of its #SBATCH lines: change them there).
         mapfile -t where < <(sed -n -E 's/^#SBATCH (--(account|partition)=[^[:space:]]+).*/\1/p' jobs/train_container.sbatch)
         exec srun "${where[@]}" --nodes=1 --ntasks=1 --time=00:30:00 \
-            --environment="${PWD}/container/edf.toml" bash scripts/setup_venv.sh "${forward[@]}"
+            --environment="${PWD}/container/edf.toml"{% if cookiecutter.container_base == "alps-extended" %} --mpi=pmix --network=disable_rdzv_get{% endif %} \
+            bash scripts/setup_venv.sh "${forward[@]}"
     fi
 {%- endif %}
 {%- if cookiecutter.env_flavour != "container" %}
@@ -65,6 +67,16 @@ if [[ ${here} -eq 0 ]]; then
 fi
 
 # --- inside the environment from here on ---
+# Inside an active venv, python3 is that venv's, and a venv made from it with
+# --system-site-packages sees the base interpreter's packages, not the active venv's torch.
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    echo "error: a venv is active (VIRTUAL_ENV=${VIRTUAL_ENV}): the new venv would see the base interpreter's torch, not that venv's. Run 'deactivate' first." >&2
+    exit 2
+fi
+if ! python3 -c "import torch" 2>/dev/null; then
+    echo "error: $(command -v python3) has no torch: the venv layers on the environment's torch (off Alps: install torch for this python3 first)" >&2
+    exit 2
+fi
 # A uenv may put its site-packages on PYTHONPATH, which would shadow the venv (CSCS python guide).
 unset PYTHONPATH
 if [[ "${flavour}" == uenv ]]; then
@@ -76,7 +88,7 @@ python3 -m venv --system-site-packages "${venv}"
 # Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI):
 # pip then cannot replace it with a generic wheel from PyPI.
 "${venv}/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "${venv}/torch-constraint.txt"
-"${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable .
+"${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable '.[dev]'
 "${venv}/bin/python" - <<'PY'
 import sys
 import torch

@@ -121,19 +121,31 @@ UENV_JOB = (
     + UENV_SNIPPET
     + "srun python -m app\n"
 )
+# an Alps Extended Image's steps start its network stack through PMIx
+EXTENDED_JOB = CONTAINER_JOB.replace(
+    'srun_args+=(--environment="${PWD}/container/edf.toml")',
+    'srun_args+=(--environment="${PWD}/container/edf.toml" --mpi=pmix --network=disable_rdzv_get)',
+)
+EXTENDED_REPO = {
+    "Dockerfile": EXTENDED_DOCKERFILE,
+    "container/edf.toml": EXTENDED_EDF,
+    "jobs/train_container.sbatch": EXTENDED_JOB,
+}
+LAYOUT = "-E 4M -c 1 -E 64M -c 4 -E -1 -c 32 -S 4M"  # CSCS storage guide, 2025-11
 STRIPE_SCRIPT = dedent(
-    f"""
+    """
     #!/bin/bash
     # Older guides used "lfs setstripe -E -1 -c -1": stale, and this comment is not code.
-    lfs setstripe {alps_lint.LUSTRE_LAYOUT} "$1"
+    LAYOUT=(LAYOUT_HERE)
+    lfs setstripe "${LAYOUT[@]}" "$1"
     """
-)
+).replace("LAYOUT_HERE", LAYOUT)
 CLEAN_REPO = {
     "Dockerfile": NGC_DOCKERFILE,
     "container/edf.toml": NGC_EDF,
     "jobs/train_container.sbatch": CONTAINER_JOB,
     "jobs/train_uenv.sbatch": UENV_JOB,
-    "scripts/stripe.sh": STRIPE_SCRIPT,
+    "scripts/stripe_lustre.sh": STRIPE_SCRIPT,
     "logs/.gitkeep": "",
     # TOML files that are not EDFs are left alone
     "pyproject.toml": '[project]\nname = "app"\n[tool.ruff]\nline-length = 100\n',
@@ -166,8 +178,20 @@ def test_clean_repository_passes(lint):
 
 
 def test_clean_alps_extended_repository_passes(lint):
-    files = {"Dockerfile": EXTENDED_DOCKERFILE, "container/edf.toml": EXTENDED_EDF}
-    assert lint(files) == (0, [])
+    assert lint(EXTENDED_REPO) == (0, [])
+
+
+def test_alps_extended_srun_options_may_come_from_the_environment(lint):
+    """SLURM_MPI_TYPE / SLURM_NETWORK stand for the options; an NGC image needs neither."""
+    job = EXTENDED_JOB.replace(" --mpi=pmix --network=disable_rdzv_get", "").replace(
+        "set -euo pipefail\n",
+        "set -euo pipefail\nexport SLURM_MPI_TYPE=pmix SLURM_NETWORK=disable_rdzv_get\n",
+    )
+    assert lint({**EXTENDED_REPO, "jobs/train_container.sbatch": job}) == (0, [])
+    bare = EXTENDED_JOB.replace(" --mpi=pmix --network=disable_rdzv_get", "")
+    status, report = lint({**EXTENDED_REPO, "jobs/train_container.sbatch": bare})
+    assert status == 1 and len(report) == 2  # both sruns of the job
+    assert lint({"jobs/train_container.sbatch": bare}) == (0, [])  # NGC: the hook's job
 
 
 def test_this_repository_passes():
@@ -222,7 +246,7 @@ CASES = [
     ),
     (
         "EDF-BASE",
-        {"Dockerfile": EXTENDED_DOCKERFILE, "container/edf.toml": "# base: ngc\n" + EXTENDED_EDF},
+        {**EXTENDED_REPO, "container/edf.toml": "# base: ngc\n" + EXTENDED_EDF},
         "container/edf.toml",
         [
             "container/edf.toml:1: EDF-BASE: 'base: ngc' contradicts Dockerfile: "
@@ -233,7 +257,7 @@ CASES = [
     (
         "EDF-EXT-OFI",
         {
-            "Dockerfile": EXTENDED_DOCKERFILE,
+            **EXTENDED_REPO,
             "container/edf.toml": EXTENDED_EDF + "[annotations.com.hooks.aws_ofi_nccl]\n"
             'enabled = "true"\n',
         },
@@ -247,6 +271,7 @@ CASES = [
     (
         "EDF-EXT-CXI",
         {
+            "jobs/train_container.sbatch": EXTENDED_JOB,
             "container/edf.toml": EXTENDED_EDF.replace(
                 "${SCRATCH}/ce-images/app+26.02-py3-alps6.sqsh",
                 "jfrog.svc.cscs.ch/docker-group-csstaff/alps-images/ngc-pytorch:26.02-py3-alps6",
@@ -262,7 +287,7 @@ CASES = [
     (
         "EDF-EXT-ENTRYPOINT",
         {
-            "Dockerfile": EXTENDED_DOCKERFILE,
+            **EXTENDED_REPO,
             "container/edf.toml": EXTENDED_EDF.replace("entrypoint = true\n", ""),
         },
         "container/edf.toml",
@@ -391,15 +416,43 @@ CASES = [
         ],
     ),
     (
-        "LUSTRE-STRIPE",
-        {"scripts/stripe.sh": STRIPE_SCRIPT + 'lfs setstripe -E 4M -c 1 -E -1 -c -1 "$2"\n'},
-        "scripts/stripe.sh",
+        "SB-EXT-PMIX",
+        {
+            **EXTENDED_REPO,
+            "scripts/setup_venv.sh": "#!/bin/bash\nexec srun --ntasks=1 --mpi=pmix \\\n"
+            '    --environment="${PWD}/container/edf.toml" bash scripts/setup_venv.sh --here\n',
+        },
+        "scripts/setup_venv.sh",
         [
-            "scripts/stripe.sh:4: LUSTRE-STRIPE: '-c -1' stripes over all OSTs: use "
-            f"'lfs setstripe {alps_lint.LUSTRE_LAYOUT}'"
+            "scripts/setup_venv.sh:2: SB-EXT-PMIX: srun into an Alps Extended Image (Dockerfile: "
+            "FROM ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:26.02-py3-alps6) without "
+            "--network=disable_rdzv_get"
+        ],
+    ),
+    (
+        "LUSTRE-STRIPE",
+        {"scripts/stripe_lustre.sh": STRIPE_SCRIPT + 'lfs setstripe -E 4M -E -1 -c -1 "$2"\n'},
+        "scripts/stripe_lustre.sh",
+        [
+            "scripts/stripe_lustre.sh:5: LUSTRE-STRIPE: '-c -1' stripes over all OSTs: use "
+            f"'lfs setstripe {LAYOUT}' (scripts/stripe_lustre.sh)"
         ],
     ),
 ]
+
+
+def test_the_layout_is_read_from_the_stripe_script(lint):
+    """One source: the advice follows an edit of stripe_lustre.sh's LAYOUT line; without the
+    script the advice names it instead of a layout of its own."""
+    assert alps_lint.lustre_layout(REPO).startswith("-")  # this repository's script has one
+    edited = STRIPE_SCRIPT.replace(LAYOUT, "-E 8M -c 1 -E -1 -c 16") + "lfs setstripe -c -1 x\n"
+    status, report = lint({"scripts/stripe_lustre.sh": edited})
+    advice = "use 'lfs setstripe -E 8M -c 1 -E -1 -c 16' (scripts/stripe_lustre.sh)"
+    assert report[0].endswith(advice)
+    files = {"scripts/stripe_lustre.sh": None, "jobs/s.sh": "lfs setstripe -c -1 x\n"}
+    assert lint(files)[1] == [
+        "jobs/s.sh:1: LUSTRE-STRIPE: '-c -1' stripes over all OSTs: use scripts/stripe_lustre.sh"
+    ]
 
 
 def test_every_rule_has_a_case():
@@ -519,6 +572,37 @@ def test_uenv_snippet_from_a_sourced_file(lint):
     job = UENV_JOB.replace(UENV_SNIPPET, 'source "${SLURM_SUBMIT_DIR}/scripts/nccl_env.sh"\n')
     files = {"jobs/train_uenv.sbatch": job, "scripts/nccl_env.sh": "#!/bin/bash\n" + UENV_SNIPPET}
     assert lint(files, "jobs/train_uenv.sbatch") == (0, [])
+
+
+def test_steps_of_a_sourced_file_count_for_the_job(lint):
+    """A job script that sources a shared file (jobs/common.sh) is checked with that file's
+    sruns, which see the job's srun_args; a problem is reported on the `source` line."""
+    job = dedent(
+        """
+        #!/bin/bash
+        #SBATCH --account=a-g34
+        srun_args=(--label --environment="${PWD}/container/edf.toml")
+        source jobs/common.sh
+        """
+    )
+    common = 'srun "${srun_args[@]}" python -m app\n'
+    files = {"jobs/train_container.sbatch": job, "jobs/common.sh": common}
+    assert lint(files, "jobs/train_container.sbatch") == (0, [])
+    files["jobs/common.sh"] = common + "srun hostname\n"
+    assert lint(files, "jobs/train_container.sbatch") == (
+        1,
+        [
+            "jobs/train_container.sbatch:4: SB-SRUN-ENV: srun without --environment in a "
+            "container job: this step runs on the host"
+        ],
+    )
+    extended = {**EXTENDED_REPO, **files, "jobs/common.sh": common}
+    status, report = lint(extended, "jobs/train_container.sbatch")
+    assert report == [
+        "jobs/train_container.sbatch:4: SB-EXT-PMIX: srun into an Alps Extended Image "
+        "(Dockerfile: FROM ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:26.02-py3-alps6) "
+        "without --mpi=pmix --network=disable_rdzv_get"
+    ]
 
 
 def test_sh_file_with_sbatch_lines_is_a_job(lint):

@@ -1,5 +1,6 @@
 """Rank/world/device resolution from torchrun and Slurm variables, node lists, srun check."""
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -84,10 +85,10 @@ def test_master_port_from_job_id_is_stable_and_below_ephemeral_range():
     assert distributed.port_from_job_id("77") == distributed.port_from_job_id("77")
 
 
-@pytest.mark.parametrize("script", sorted((Path(__file__).parents[1] / "jobs").glob("*.sbatch")))
-def test_job_script_port_is_the_packages(script):
-    """The job script sets MASTER_PORT for torchrun; without it (plain srun) the package derives
-    the same port: the two formulas must not drift apart."""
+def test_job_script_port_is_the_packages():
+    """The job scripts (their shared jobs/common.sh) set MASTER_PORT for torchrun; without it
+    (plain srun) the package derives the same port: the two formulas must not drift apart."""
+    script = Path(__file__).parents[1] / "jobs" / "common.sh"
     (line,) = re.findall(r"^MASTER_PORT=.*$", script.read_text(), re.M)
     for job_id in ("1", "14999", "15000", "123456789"):
         out = subprocess.run(
@@ -169,3 +170,26 @@ def test_cpu_threads_per_rank():
     assert distributed.cpu_threads(3, env, {}) == 3
     assert distributed.cpu_threads(0, env, {"OMP_NUM_THREADS": "2"}) == 2
     assert distributed.cpu_threads(0, env, {"SLURM_CPUS_PER_TASK": "72"}) == 72
+
+
+def test_cpu_threads_under_torchrun_share_the_task_cpus():
+    """torchrun puts OMP_NUM_THREADS=1 in every worker's environment: on a task bound to 288
+    cores with 4 workers each rank gets 72 threads, not 1; cpu_threads=N still wins."""
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "none",
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    env = resolve_env(torchrun)
+    assert env.local_world_size == 4
+    worker = {**torchrun, "OMP_NUM_THREADS": "1", "SLURM_CPUS_PER_TASK": "288"}
+    assert distributed.cpu_threads(0, env, worker, bound_cpus=288) == 72
+    assert distributed.cpu_threads(0, env, worker, bound_cpus=2) == 1  # never 0
+    assert distributed.cpu_threads(5, env, worker, bound_cpus=288) == 5
+    # by default the CPUs this process is bound to, whatever SLURM_CPUS_PER_TASK claims
+    expected = max(1, len(os.sched_getaffinity(0)) // 4)
+    assert distributed.cpu_threads(0, env, worker) == expected

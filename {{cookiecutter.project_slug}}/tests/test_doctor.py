@@ -269,10 +269,25 @@ def test_check_directory_free_space_and_striping(tmp_path):
     full = doctor.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
     assert full.status == WARN and "GiB free" in full.message
     flat = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
-    assert flat.status == WARN and "lfs setstripe -E 4M -c 1" in flat.message
+    layout = doctor.lustre_layout(REPO / "scripts" / "stripe_lustre.sh")
+    assert layout and flat.status == WARN
+    assert f"run scripts/stripe_lustre.sh {tmp_path} (lfs setstripe {layout})" in flat.message
     for stripes in (32, -1):
         striped = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
         assert striped.status == OK and f"stripe count {stripes}" in striped.message
+
+
+def test_stripe_advice_reads_the_layout_from_the_script(tmp_path):
+    """One source: the layout is scripts/stripe_lustre.sh's LAYOUT line, edited there only."""
+    script = tmp_path / "scripts" / "stripe_lustre.sh"
+    script.parent.mkdir()
+    script.write_text("#!/bin/bash\nLAYOUT=(-E 8M -c 1  -E -1 -c 16)\n")
+    advice = doctor.stripe_advice(Path("/d"), roots=(tmp_path,))
+    assert advice == "scripts/stripe_lustre.sh /d (lfs setstripe -E 8M -c 1 -E -1 -c 16)"
+    script.unlink()  # a package installed away from the repository: the script is named
+    assert doctor.stripe_advice(Path("/d"), roots=(tmp_path,)).startswith(
+        "scripts/stripe_lustre.sh /d from the repository"
+    )
 
 
 def test_lustre_stripe_count_reads_lfs(tmp_path, monkeypatch):

@@ -91,9 +91,19 @@ def rule(rule_id: str, why: str, subject: str, file_level: bool = False):
     return register
 
 
-# CSCS's progressive layout (storage guide, 2025-11); one source: the template's private
-# answer _lustre_layout, also used by scripts/stripe_lustre.sh.
-LUSTRE_LAYOUT = "{{ cookiecutter._lustre_layout }}"
+# CSCS's progressive Lustre layout (storage guide, 2025-11) is written once, in this script's
+# LAYOUT=(...) line; the linter and the doctor read it from there.
+STRIPE_SCRIPT = "scripts/stripe_lustre.sh"
+LAYOUT_RE = re.compile(r"(?m)^LAYOUT=\(([^)\n]*)\)")
+
+
+def lustre_layout(root: Path) -> str | None:
+    """The `lfs setstripe` options of the repository's scripts/stripe_lustre.sh, or None."""
+    try:
+        match = LAYOUT_RE.search((root / STRIPE_SCRIPT).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return " ".join(match.group(1).split()) if match else None
 
 
 @dataclass(frozen=True)
@@ -760,19 +770,25 @@ def variable_texts(commands: list[Command]) -> dict[str, str]:
     return texts
 
 
-def sourced_assignments(commands: list[Command], root: Path) -> set[str]:
-    """Variables assigned in repository files the script sources (e.g. a shared NCCL snippet)."""
-    names: set[str] = set()
+def sourced_files(commands: list[Command], root: Path) -> list[tuple[Command, Path]]:
+    """(source command, file) of each repository file the script sources (e.g. jobs/common.sh,
+    or a shared NCCL snippet); paths relative to the repository root, where jobs run."""
+    found = []
     for command in commands:
         for match in SOURCE_RE.finditer(command.code):
             target = match.group(1).strip("\"'")
             target = re.sub(r"^\$\{?(?:SLURM_SUBMIT_DIR|PWD)\}?/", "", target)
-            if "$" in target:
-                continue
-            candidate = root / target
-            if candidate.is_file():
-                text = candidate.read_text(encoding="utf-8", errors="replace")
-                names |= {name for name, _ in assignments(shell_commands(text))}
+            if "$" not in target and (root / target).is_file():
+                found.append((command, root / target))
+    return found
+
+
+def sourced_assignments(commands: list[Command], root: Path) -> set[str]:
+    """Variables assigned in repository files the script sources."""
+    names: set[str] = set()
+    for _, path in sourced_files(commands, root):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        names |= {name for name, _ in assignments(shell_commands(text))}
     return names
 
 
@@ -817,13 +833,22 @@ class Script:
         self.assigned = assignments(self.commands)
         variables = variable_texts(self.commands)
         self.sruns: list[tuple[Command, bool]] = []  # (command, runs with --environment)
-        for command in self.commands:
-            match = SRUN_RE.search(command.code)
+        self.srun_args: list[str] = []  # each srun's options, "${array[@]}" contents appended
+        steps = [(command, command) for command in self.commands]
+        for command, path in sourced_files(self.commands, root):  # e.g. jobs/common.sh
+            sourced = shell_commands(path.read_text(encoding="utf-8", errors="replace"))
+            for name, text in variable_texts(sourced).items():
+                variables[name] = variables.get(name, "") + text
+            # a step of the sourced file is reported on the line that sources it
+            steps += [(command, Command(command.start, command.end, c.code)) for c in sourced]
+        for where, step in steps:
+            match = SRUN_RE.search(step.code)
             if match:
-                args = command.code[match.end() :]
+                args = step.code[match.end() :]
                 for name in ARRAY_REF_RE.findall(args):  # srun "${srun_args[@]}" ...
                     args += variables.get(name, "")
-                self.sruns.append((command, "--environment" in args))
+                self.sruns.append((where, "--environment" in args))
+                self.srun_args.append(args)
         self.container_job = any(has_env for _, has_env in self.sruns)
         self.uenv_lines = [d.line for d in self.directives if d.name == "--uenv"]
         self.uenv_lines += [c.start for c, _ in self.sruns if re.search(r"--uenv[=\s]", c.code)]
@@ -882,6 +907,65 @@ def sb_srun_env(script: Script) -> Iterator[Report]:
                     "srun without --environment in a container job: this step runs on the host",
                     command.end,
                 )
+
+
+SRUN_EDF_RE = re.compile(r"--environment[=\s]+[\"']?([^\s\"']+)")
+MPI_PMIX_RE = re.compile(r"--mpi[=\s]+[\"']?pmix\b|\bSLURM_MPI_TYPE=[\"']?pmix\b")
+NO_RDZV_GET_RE = re.compile(
+    r"--network[=\s]+[\"']?\S*disable_rdzv_get|\bSLURM_NETWORK=[\"']?\S*disable_rdzv_get"
+)
+
+
+def srun_edf(args: str, root: Path) -> Path | None:
+    """The repository EDF an srun's --environment names (${PWD}/, ${SLURM_SUBMIT_DIR}/ and ./
+    read as the repository root, where the scripts run), or None."""
+    match = SRUN_EDF_RE.search(args)
+    if not match:
+        return None
+    target = re.sub(r"^(?:\$\{?(?:PWD|SLURM_SUBMIT_DIR)\}?/|\./)", "", match.group(1))
+    if "$" in target or target.startswith("/"):
+        return None
+    candidate = root / (target if target.endswith(".toml") else target + ".toml")
+    return candidate if candidate.is_file() else None
+
+
+@rule(
+    "SB-EXT-PMIX",
+    "An Alps Extended Image starts its network stack through PMIx: every `srun` into it needs "
+    "`--mpi=pmix --network=disable_rdzv_get` (or `SLURM_MPI_TYPE=pmix` and "
+    "`SLURM_NETWORK=disable_rdzv_get`), helper steps such as a venv build included; without "
+    "them NCCL has no Slingshot network. Checked in job scripts and `*.sh`.",
+    "shell",
+)
+def sb_ext_pmix(script: Script) -> Iterator[Report]:
+    assigned = variable_texts(script.commands)
+    environment = " ".join(f"{name}={text.strip()}" for name, text in assigned.items())
+    for (command, has_env), args in zip(script.sruns, script.srun_args, strict=True):
+        edf_path = srun_edf(args, script.root) if has_env else None
+        if edf_path is None or tomllib is None:
+            continue
+        text = edf_path.read_text(encoding="utf-8", errors="replace")
+        try:
+            image = tomllib.loads(text).get("image", "")
+        except tomllib.TOMLDecodeError:
+            continue
+        base = detect_base(text, image if isinstance(image, str) else "", edf_path, script.root)
+        if base[0] != "alps-extended":
+            continue
+        missing = [
+            option
+            for option, pattern in (
+                ("--mpi=pmix", MPI_PMIX_RE),
+                ("--network=disable_rdzv_get", NO_RDZV_GET_RE),
+            )
+            if not pattern.search(args) and not pattern.search(environment)
+        ]
+        if missing:
+            yield Report(
+                command.start,
+                f"srun into an Alps Extended Image ({base[1]}) without {' '.join(missing)}",
+                command.end,
+            )
 
 
 @rule(
@@ -986,18 +1070,16 @@ def sb_account(script: Script) -> Iterator[Report]:
 @rule(
     "LUSTRE-STRIPE",
     "`lfs setstripe ... -c -1` stripes over every OST (~160 on Capstor), the stale layout of "
-    f"older guides; CSCS now recommends `lfs setstripe {LUSTRE_LAYOUT}` (uenv caps striping at "
-    "32 too). Checked in job scripts and `*.sh`.",
+    "older guides; CSCS now recommends a progressive layout that ends at 32 (uenv caps "
+    f"striping at 32 too), the one `{STRIPE_SCRIPT}` applies. Checked in job scripts and `*.sh`.",
     "shell",
 )
 def lustre_stripe(script: Script) -> Iterator[Report]:
+    layout = lustre_layout(script.root)
+    advice = f"use 'lfs setstripe {layout}' ({STRIPE_SCRIPT})" if layout else f"use {STRIPE_SCRIPT}"
     for command in script.commands:
         if STRIPE_RE.search(command.code) and ALL_OSTS_RE.search(command.code):
-            yield Report(
-                command.start,
-                f"'-c -1' stripes over all OSTs: use 'lfs setstripe {LUSTRE_LAYOUT}'",
-                command.end,
-            )
+            yield Report(command.start, f"'-c -1' stripes over all OSTs: {advice}", command.end)
 
 
 # ---------------------------------------------------------------------------------------------

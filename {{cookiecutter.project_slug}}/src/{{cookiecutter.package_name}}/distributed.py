@@ -196,17 +196,30 @@ def choose_device(
     )
 
 
-def cpu_threads(requested: int, env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
-    """Intra-op threads per rank. srun does not set OMP_NUM_THREADS (torchrun sets 1), and
-    torch's default of one thread per core oversubscribes the node when several ranks share it."""
+def cpu_threads(
+    requested: int,
+    env: DistEnv,
+    environ: Mapping[str, str] | None = None,
+    bound_cpus: int | None = None,
+) -> int:
+    """Intra-op threads per rank (`cpu_threads`, 0: derived here). torch's default of one thread
+    per core oversubscribes the node when several ranks share it. srun does not set
+    OMP_NUM_THREADS; torchrun sets it to 1 for every worker, which would leave each rank one
+    core of a 288-core node, so under torchrun (TORCHELASTIC_RUN_ID) the CPUs the task is bound
+    to (`bound_cpus`, default: this process's affinity, which torchrun's workers inherit from
+    the task) are divided by the local ranks."""
     environ = os.environ if environ is None else environ
+    if bound_cpus is None:
+        bound_cpus = len(os.sched_getaffinity(0))
     if requested > 0:
         return requested
+    if environ.get("TORCHELASTIC_RUN_ID"):
+        return max(1, bound_cpus // env.local_world_size)
     if environ.get("OMP_NUM_THREADS"):
         return int(environ["OMP_NUM_THREADS"])
     if environ.get("SLURM_CPUS_PER_TASK"):
         return int(environ["SLURM_CPUS_PER_TASK"])
-    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+    return max(1, bound_cpus // env.local_world_size)
 
 
 # --------------------------------------------------------------------------- logging

@@ -1,0 +1,176 @@
+#!/bin/bash
+{%- set cc = cookiecutter %}
+{%- set torchrun = cc.launcher == "torchrun" %}
+{%- set ce = cc.env_flavour != "uenv" %}
+{%- set who = "${SLURM_NODEID}" if torchrun else "${SLURM_PROCID}" %}
+{%- set unit = "node" if torchrun else "rank" %}
+# shellcheck disable=SC2154  # FLAVOUR and srun_args come from the job script that sources this
+# The part of the training job that does not depend on the environment: run directory, dataset,
+# preflight, training and requeue. jobs/train_<flavour>.sbatch sets what differs (#SBATCH lines,
+# FLAVOUR, the environment's variables, srun_args), then sources this file from the repository
+# root. Slurm runs a copy of the job script from its spool directory but this file from the
+# repository, when the job starts: a queued job runs the version it starts with, like the package.
+# Not a script of its own: sbatch jobs/train_<flavour>.sbatch.
+
+# The venv layered on the environment by scripts/setup_venv.sh (torch comes from the environment).
+export VENV="${PWD}/.venv-${FLAVOUR}"
+if [[ ! -x "${VENV}/bin/python" ]]; then
+    echo "error: ${VENV} does not exist: run scripts/setup_venv.sh ${FLAVOUR} first" >&2
+    exit 2
+fi
+
+# One directory per run holds checkpoints, metrics and the resolved config. The same RUN_NAME
+# resumes the same run (a requeued job keeps its name), so the job resumes where it stopped.
+RUN_NAME="${RUN_NAME:-${SLURM_JOB_NAME}}"
+job_ref="${SLURM_JOB_ID}"  # what the requeue below names
+task_args=()               # this array task's overrides (SWEEP)
+if [[ -n "${SLURM_ARRAY_TASK_ID:-}" ]]; then
+    # A job array: each task is a run of its own, <RUN_NAME>-<task id>.
+    if [[ -n "${RUN_DIR:-}" ]]; then
+        echo "error: RUN_DIR=${RUN_DIR} would be shared by every task of the array; set RUN_NAME instead" >&2
+        exit 2
+    fi
+    RUN_NAME="${RUN_NAME}-${SLURM_ARRAY_TASK_ID}"
+    # Requeue names the task: the array's id stands for all of its tasks (and one task runs
+    # with SLURM_JOB_ID equal to it), so requeueing that id would restart every task.
+    job_ref="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    if [[ -n "${SWEEP:-}" ]]; then
+        if [[ ! -f "${SWEEP}" ]]; then
+            echo "error: SWEEP=${SWEEP} does not exist (a path relative to the repository root)" >&2
+            exit 2
+        fi
+        sweep_line="$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "${SWEEP}")"
+        if [[ -z "${sweep_line//[[:space:]]/}" ]]; then
+            echo "error: SWEEP=${SWEEP} has no line $((SLURM_ARRAY_TASK_ID + 1)) for array task ${SLURM_ARRAY_TASK_ID} (one line of key=value overrides per task)" >&2
+            exit 2
+        fi
+        read -r -a task_args <<< "${sweep_line}"
+        echo "array task ${SLURM_ARRAY_TASK_ID}: ${task_args[*]}"
+    fi
+elif [[ -n "${SWEEP:-}" ]]; then
+    echo "error: SWEEP=${SWEEP} needs a job array: sbatch --array=0-N ..." >&2
+    exit 2
+fi
+RUN_DIR="${RUN_DIR:-{{ cc.checkpoint_dir }}/${RUN_NAME}}"
+# Datasets live in DATA_DIR. The default one, the Python standard library's sources as byte
+# tokens, is made on first use (it needs no download); your own:
+# python -m {{ cc.package_name }} make-dataset --text FILE... --out <DATA_DIR>/NAME, then DATASET=...
+{%- if ce %}
+# A container job's EDF mounts DATA_DIR into the container: keep DATASET inside it.
+{%- endif %}
+DATA_DIR="${DATA_DIR:-{{ cc.data_dir }}}"
+DATASET="${DATASET:-${DATA_DIR}/stdlib-bytes}"
+CONFIG="${CONFIG:-configs/default.toml}"
+if [[ ! -f "${CONFIG}" ]]; then
+    echo "error: CONFIG=${CONFIG} does not exist (a path relative to the repository root)" >&2
+    exit 2
+fi
+mkdir -p "${RUN_DIR}" "${DATA_DIR}"{% if ce %}  # a container's EDF mounts both: mount sources must exist{% endif %}
+
+# Rendezvous: the first node of the allocation, a port derived from the job id so that two jobs
+# sharing a node do not collide. Computed here because scontrol is often missing in containers.
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"
+MASTER_PORT="$((15000 + SLURM_JOB_ID % 15000))"  # below the ephemeral range (32768+), as the package does
+export MASTER_ADDR MASTER_PORT
+
+# Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: pass it on explicitly.
+export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"
+# CPU threads per rank: the package sets them from SLURM_CPUS_PER_TASK (config key cpu_threads).
+# CSCS's PyTorch guide: on a NCCL error or watchdog timeout abort the communicators and end the
+# process, so a failed collective ends the job instead of hanging (set here only, for both flavours).
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export MPICH_GPU_SUPPORT_ENABLED=0        # GPU-aware Cray MPICH next to NCCL can deadlock; some clusters default to 1
+export PYTHONUNBUFFERED=1
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"   # NCCL_DEBUG=INFO sbatch ... should print "Using network AWS Libfabric"
+
+# One task runs `python -m {{ cc.package_name }} ARGS` in the venv (the venv is activated inside srun).
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} "$@"'
+{%- if torchrun %}
+# torchrun forwards these signals to its workers (torch >= 2.9, its --signals-to-handle option,
+# read from PET_SIGNALS_TO_HANDLE; TORCHELASTIC_SIGNALS_TO_HANDLE is overwritten by the launcher).
+# Older torchrun ignores it and dies on USR2, keeping only the periodic checkpoints: use the
+# srun launcher there.
+export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+# All ranks: one torchrun per node starts one worker per GPU. exec hands the signals from Slurm
+# to torchrun directly.
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m torch.distributed.run \
+    --nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
+    --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}" \
+    -m {{ cc.package_name }} "$@"'
+{%- else %}
+# All ranks: each task maps SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID to rank/world size/local
+# rank in {{ cc.package_name }}/distributed.py; exec lets the preemption signal reach Python rather
+# than a wrapper shell.
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }} "$@"'
+{%- endif %}
+
+# NSYS=1 runs {% if torchrun %}node 0's torchrun (its workers, ranks 0-3, with it){% else %}rank 0{% endif %} of the training step under Nsight Systems, NSYS=all every
+# {{ unit }}: CSCS profiles by wrapping the program in `nsys profile` (nsys comes with CUDA: NGC
+# images, uenvs with a CUDA compiler). One report per profiled {{ unit }} in <RUN_DIR>/nsys/; open it
+# in the Nsight Systems GUI (nsys-ui) or summarise it with `nsys stats`. Meant for short runs.
+NSYS="${NSYS:-0}"
+case "${NSYS}" in
+    0 | 1 | all) ;;
+    *)
+        echo "error: NSYS=${NSYS}: use NSYS=1 ({{ unit }} 0) or NSYS=all (every {{ unit }})" >&2
+        exit 2
+        ;;
+esac
+export NSYS NSYS_DIR="${RUN_DIR}/nsys"
+[[ "${NSYS}" == 0 ]] || mkdir -p "${NSYS_DIR}"
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+profiler='profile=(); if [[ "${NSYS}" == all || ( "${NSYS}" == 1 && "{{ who }}" == 0 ) ]]; then
+    command -v nsys >/dev/null || { echo "error: NSYS=${NSYS}: nsys is not in the job environment" >&2; exit 2; }
+    profile=(nsys profile --trace=cuda,nvtx,osrt --output="${NSYS_DIR}/${SLURM_JOB_ID}-{{ unit }}{{ who }}"); fi; '
+
+# The dataset, once: make-dataset writes to a temporary directory and renames it, so jobs that
+# start together cannot leave a half-written one. Only the default stdlib-bytes is made here: a
+# missing dataset of yours is an error, not silently replaced.
+if [[ "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]]; then
+    if [[ "$(basename "${DATASET}")" != stdlib-bytes ]]; then
+        echo "error: DATASET=${DATASET} has no index.json: make it with python -m {{ cc.package_name }} make-dataset" >&2
+        exit 2
+    fi
+    echo "making the dataset ${DATASET} (the Python standard library as byte tokens)"
+    srun "${srun_args[@]}" --nodes=1 --ntasks=1 bash -c "${one_task}" bash \
+        make-dataset --stdlib --out "${DATASET}"
+fi
+
+# Preflight on every rank, in the environment training uses: GPUs, NCCL network plugin, CPU
+# binding, directories, then a short all-reduce. A FAIL stops the job before it spends its hours.
+if [[ "${DOCTOR:-1}" != 0 ]]; then
+    read -r -a doctor_args <<< "${DOCTOR_ARGS:-}"  # extra options, e.g. DOCTOR_ARGS="--device cpu"
+    if ! srun "${srun_args[@]}" bash -c "profile=(); ${all_ranks}" bash doctor --quick \
+        --run-dir "${RUN_DIR}" --data-dir "${DATA_DIR}" "${doctor_args[@]}"; then
+        echo "error: the doctor found a problem (the FAIL lines above); nothing was trained." \
+            "Fix it, or submit with DOCTOR=0 to skip the check." >&2
+        exit 1
+    fi
+fi
+
+started="$(mktemp)"  # the REQUEUE marker counts only if written after this (see below)
+trap 'rm -f "${started}"' EXIT
+set +e
+srun "${srun_args[@]}" bash -c "${profiler}${all_ranks}" bash \
+    --config "${CONFIG}" "run_dir=${RUN_DIR}" "dataset=${DATASET}" "$@" "${task_args[@]}"
+status=$?
+set -e
+
+# Exit status 3 (or the REQUEUE marker, since torchrun turns a worker's 3 into 1) means: the
+# run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
+# job id, and the next start resumes from that checkpoint. An older marker is not this job's
+# (a job refused by another one's LOCK must not requeue itself on that job's marker).
+if [[ ${status} -eq 3 || "${RUN_DIR}/REQUEUE" -nt "${started}" ]]; then
+    echo "checkpoint saved after a stop request: requeueing job ${job_ref}"
+    scontrol requeue "${job_ref}"
+    exit 0
+fi
+if [[ ${status} -ne 0 ]]; then
+    echo "error: training failed (exit status ${status}; the first ERROR lines above say why:" \
+        "a Python error, or a collective that timed out after dist_timeout_s because a rank hung)." \
+        "Not requeued." >&2
+fi
+exit "${status}"
