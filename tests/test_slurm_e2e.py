@@ -300,6 +300,13 @@ def check_environment_requests(
     is missing, the doctor unless DOCTOR=0, training); `steps_per_start` checks the first start.
     """
     records = sub.slurm.spank_records(sub.job_id)
+    # a step on several nodes has a record from each node: keep the first
+    seen: set[tuple[str, str]] = set()
+    for record in list(records):
+        key = (record["step"], record["restart"])
+        if record["step"] != "batch" and key in seen:
+            records.remove(record)
+        seen.add(key)
     starts: list[list[dict[str, str]]] = []
     for record in records:
         if record["step"] == "batch":

@@ -44,6 +44,7 @@ def test_package_layout(repo, package):
         "data",
         "distributed",
         "doctor",
+        "doctor_nodes",
         "generate",
         "gpt",
         "metrics",

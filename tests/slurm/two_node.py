@@ -206,7 +206,7 @@ class TwoNodeHarness(SlurmHarness):
 
     def node_state(self, node: str) -> str:
         proc = self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False, timeout=15)
-        return proc.stdout.strip()
+        return (proc.stdout.split() or ["unknown"])[0]  # one line per partition
 
     def resume_node(self, node: str, timeout: float = 60) -> None:
         """Return a DOWN node to service once its slurmd answers again, as an admin does."""

@@ -64,7 +64,7 @@ def test_measures_clock_offset_and_bandwidth_between_the_hosts_leaders():
     assert measured, clock
     offset_ms, bound_ms = map(float, measured.groups())
     assert abs(offset_ms) <= bound_ms + 0.1, "one clock: the offset is within its error bound"
-    assert bandwidth[:2] == ["OK", "allreduce_nodes"], bandwidth
+    assert bandwidth[:2] == ["OK", "internode"], bandwidth
     assert "one rank on each of 2 nodes (gloo on CPU): reported, not compared" in bandwidth[2]
     assert float(re.search(r"busbw (\d+\.\d+) GB/s", bandwidth[2]).group(1)) > 0
 

@@ -68,16 +68,16 @@ def check_node_bandwidth(
 ) -> Check:
     found = f"busbw {busbw:.2f} GB/s at {nbytes // MIB} MiB, one rank on each of {nodes} nodes"
     if expected is None:
-        return OK, "allreduce_nodes", f"{found} ({backend}): reported, not compared"
+        return OK, "internode", f"{found} ({backend}): reported, not compared"
     figure, where = expected
     if busbw < WARN_FRACTION * figure:
         return (
             WARN,
-            "allreduce_nodes",
+            "internode",
             f"{found} ({backend}): below half of the {figure:g} GB/s expected ({where}) between "
             "nodes: rerun with NCCL_DEBUG=INFO and look for 'Using network AWS Libfabric'",
         )
-    return OK, "allreduce_nodes", f"{found} ({backend}): expected {figure:g} GB/s ({where})"
+    return OK, "internode", f"{found} ({backend}): expected {figure:g} GB/s ({where})"
 
 
 def clock_offsets(rank: int, leaders: Sequence[int], rounds: int) -> dict[int, tuple[float, float]]:
