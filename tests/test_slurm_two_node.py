@@ -97,7 +97,8 @@ def connections(cluster: TwoNodeHarness, node: str) -> set[tuple[str, int]]:
 
 
 def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP checkpoint (model, optimizer, RNG), by its path in the state."""
+    """Every tensor of a DCP checkpoint (model, optimizer; the RNG states as bytes), by its path
+    in the state."""
     dcp_to_torch_save(checkpoint, scratch)
     state = torch.load(scratch, weights_only=False)
     tensors = {}
@@ -109,8 +110,12 @@ def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tenso
         elif isinstance(value, list | tuple):
             for index, item in enumerate(value):
                 walk(item, f"{path}/{index}")
-        elif isinstance(value, torch.Tensor):
-            tensors[path] = value
+        elif isinstance(value, torch.Tensor | bytes):  # bytes: the pickled RNG states
+            tensors[path] = (
+                value
+                if isinstance(value, torch.Tensor)
+                else torch.frombuffer(bytearray(value), dtype=torch.uint8)
+            )
 
     walk(state, "")
     return tensors
@@ -165,7 +170,7 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         PREEMPT,
         dataset,
         sbatch_args=SRUN_SHAPE,
-        ranks=4,
+        ranks=2,
         single_node=False,
     )
     reference = submit(
@@ -175,7 +180,7 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         PREEMPT,
         dataset,
         sbatch_args=SRUN_SHAPE,
-        ranks=4,
+        ranks=2,
         single_node=False,
     )
     with explained(reference), explained(sub):
@@ -216,6 +221,7 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         differ = [k for k in resumed_state if not torch.equal(resumed_state[k], reference_state[k])]
         assert not differ, f"the resumed run is not the uninterrupted one: {differ}"
         assert any(key.startswith("/model/optim/") for key in resumed_state), sorted(resumed_state)
+        assert any(key.startswith("/rng/") for key in resumed_state), sorted(resumed_state)
 
 
 def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, dataset):
@@ -225,14 +231,14 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
     args = [*QUICK, "parallelism=fsdp"]
     sub = submit(
-        cluster, target, tmp_path, args, dataset, doctor, TORCHRUN_SHAPE, ranks=2, single_node=False
+        cluster, target, tmp_path, args, dataset, doctor, TORCHRUN_SHAPE, ranks=4, single_node=False
     )
     with explained(sub):
         job = sub.wait(timeout=JOB_TIMEOUT)
         text = sub.text()
         assert job.state == "COMPLETED" and job.exit_code == (0, 0)
         nodes = ", ".join(cluster.nodes)
-        assert f"doctor: 2 rank(s) on 2 node(s) ({nodes})" in text, text[-3000:]
+        assert f"doctor: 4 rank(s) on 2 node(s) ({nodes})" in text, text[-3000:]
         assert "doctor: 0 FAIL" in text
         offset = re.search(
             rf"OK +clock_nodes .*{cluster.nodes[1]} [+-]\d+\.\d ms .*round trip", text
@@ -240,7 +246,7 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
         assert offset, text[-3000:]
         between = re.search(r"OK +internode +busbw (\d+\.\d+) GB/s .*2 node", text)
         assert between and float(between.group(1)) > 0, text[-3000:]
-        check_placement(sub, cluster, per_node=1)
+        check_placement(sub, cluster, per_node=2)
         check_ranks_trained(sub, max_steps=40)
         check_checkpoint(sub, 40)
         assert 'parallelism = "fsdp"' in (sub.run_dir / "config.toml").read_text()
