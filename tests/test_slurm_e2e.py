@@ -85,23 +85,33 @@ def answer(name: str, key: str) -> str:
 # --------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmHarness]:
-    """The running single-node Slurm (started once, or reused); stopped at the end."""
+def started_or_skip(harness: SlurmHarness, reason: str | None) -> Iterator[SlurmHarness]:
+    """Start `harness` (unless `reason` says why it cannot run) for a fixture, stop it after.
+    Skip with the reason where it cannot start, or fail under ALPS_SLURM_REQUIRED=1."""
     required = os.environ.get("ALPS_SLURM_REQUIRED") == "1"
-    reason = unavailable_reason()
-    harness = SlurmHarness()
     if reason is None:
         try:
             harness.start()
         except HarnessUnavailable as exc:
             reason = str(exc)
+        except BaseException:
+            harness.stop()  # a partly started one is torn down
+            raise
     if reason is not None:
+        harness.stop()
         if required:
             pytest.fail(f"ALPS_SLURM_REQUIRED=1 but {reason}")
         pytest.skip(reason)
-    yield harness
-    harness.stop()
+    try:
+        yield harness
+    finally:
+        harness.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmHarness]:
+    """The running single-node Slurm (started once, or reused); stopped at the end."""
+    yield from started_or_skip(SlurmHarness(), unavailable_reason())
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,16 @@ class Repo:
         return f"jobs/train_{self.flavour}.sbatch"
 
 
-@pytest.fixture(scope="session")
-def repo(bake, tmp_path_factory):
+# The fixtures below are shared with test_slurm_two_node.py, which imports them: each module
+# then has a fixture of its own, so what they make is cached here, once per test session.
+_REPOS: dict[tuple[str, str], Repo] = {}
+_DATASETS: list[Path] = []
+
+
+@pytest.fixture(scope="session", name="repo")
+def repo_fixture(bake, tmp_path_factory):
     """repo(name, flavour): a copy of the baked repo with its venv, made as the README says."""
-    cache: dict[tuple[str, str], Repo] = {}
+    cache = _REPOS
 
     def _repo(name: str, flavour: str) -> Repo:
         if (name, flavour) not in cache:
@@ -146,10 +162,12 @@ def repo(bake, tmp_path_factory):
     return _repo
 
 
-@pytest.fixture(scope="session")
-def dataset(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session", name="dataset")
+def dataset_fixture(tmp_path_factory) -> Path:
     """Where the session's jobs find (the first one makes) the default stdlib-bytes dataset."""
-    return tmp_path_factory.mktemp("datasets") / "stdlib-bytes"
+    if not _DATASETS:
+        _DATASETS.append(tmp_path_factory.mktemp("datasets") / "stdlib-bytes")
+    return _DATASETS[0]
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -201,12 +219,14 @@ def submit(
     extra_env: dict[str, str | None] | None = None,
     sbatch_args: tuple[str, ...] = (),
     ranks: int = RANKS,
+    single_node: bool = True,
 ) -> Submission:
-    """sbatch the generated script from the repository root, as the README says."""
+    """sbatch the generated script from the repository root, as the README says.
+    `single_node`: add the configuration's SBATCH_OVERRIDES (the harness has one node)."""
     dirs = {key: str(work / sub) for key, sub in SUBMISSION_ENV_DIRS.items()}
     env = clean_env() | dirs | SUBMISSION_ENV | {"DATASET": str(dataset)} | (extra_env or {})
     env = {key: value for key, value in env.items() if value is not None}  # None: unset it
-    options = [*SBATCH_OVERRIDES.get(repo.name, []), *sbatch_args]
+    options = [*(SBATCH_OVERRIDES.get(repo.name, []) if single_node else []), *sbatch_args]
     job_id = slurm.sbatch(*options, repo.script, *args, cwd=repo.path, env=env)
     return Submission(slurm, repo, job_id, work, ranks)
 
@@ -280,6 +300,13 @@ def check_environment_requests(
     is missing, the doctor unless DOCTOR=0, training); `steps_per_start` checks the first start.
     """
     records = sub.slurm.spank_records(sub.job_id)
+    # a step on several nodes has a record from each node: keep the first
+    seen: set[tuple[str, str]] = set()
+    for record in list(records):
+        key = (record["step"], record["restart"])
+        if record["step"] != "batch" and key in seen:
+            records.remove(record)
+        seen.add(key)
     starts: list[list[dict[str, str]]] = []
     for record in records:
         if record["step"] == "batch":

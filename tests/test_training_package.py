@@ -48,6 +48,7 @@ def test_package_layout(repo, package):
         "data",
         "distributed",
         "doctor",
+        "doctor_nodes",
         "generate",
         "interrupts",
         "metrics",

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Install what the single-node Slurm test harness (tests/slurm/harness.py) needs from Debian:
-# slurmctld, slurmd, the client commands, munge, the SPANK headers and a C compiler, and PMIx
-# (the Alps Extended Image jobs run `srun --mpi=pmix`; Slurm's plugin dlopens libpmix.so).
+# Install what the Slurm test harnesses (tests/slurm/harness.py, two_node.py) need from Debian:
+# slurmctld, slurmd, the client commands, munge, the SPANK headers and a C compiler, PMIx
+# (the Alps Extended Image jobs run `srun --mpi=pmix`; Slurm's plugin dlopens libpmix.so), and
+# for the two-node cluster iproute2 (ip: bridge, veth, netns) and util-linux (nsenter, unshare).
 # Idempotent and quiet; needs root (or passwordless sudo). Debian/Ubuntu only.
 set -euo pipefail
 
-packages=(slurmctld slurmd slurm-client munge libslurm-dev gcc libc6-dev libpmix2 libpmix-dev)
+packages=(slurmctld slurmd slurm-client munge libslurm-dev gcc libc6-dev libpmix2 libpmix-dev
+    iproute2 util-linux)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import distributed
+from . import distributed, doctor_nodes
 from .distributed import DistEnv, LaunchError
 from .doctor_checks import (  # noqa: F401  (the checks are part of the doctor's interface)
     AWS_LIBFABRIC,
@@ -399,6 +399,9 @@ def report(args, env: DistEnv, device, host: str, results: list[Result], uuid) -
     hosts = [g[0] for g in gathered]
     cross = [check_clock_skew({g[0]: g[2] for g in gathered})]
     cross += filter(None, [check_gpu_sharing({r: (g[0], g[3]) for r, g in enumerate(gathered)})])
+    between = expected_busbw(device.type, len(set(hosts)), 1)  # one rank per node: the network
+    node_checks = doctor_nodes.between_nodes(env.rank, hosts, device, args.quick, between)
+    cross += [Result(*check) for check in node_checks]
     if env.is_main:
         names = sorted(set(hosts))
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")

@@ -1,0 +1,317 @@
+"""End to end on a real two-node Slurm: the generated job scripts across a (virtual) network.
+
+The cluster (tests/slurm/two_node.py) has two Alps-shaped compute nodes, each a network namespace
+with its own host name and address on a private bridge, one slurmd each. Ranks on different
+nodes talk over that link, so these tests see what one node cannot show: srun spreading ranks
+over nodes, torchrun's one agent per node, MASTER_ADDR taken from the node list, the doctor's
+measurements between hosts, a preemption signal reaching both nodes, and a node lost mid-job.
+
+The scripts are submitted unchanged, with the same departures as tests/test_slurm_e2e.py (whose
+fixtures and helpers these tests share), plus `--nodes=2` where a configuration asks for one
+node and fewer tasks per node (this machine has 2 cores for all ranks of both nodes).
+Select with `-m slurm`; skips (with the reason) where the cluster cannot start, unless
+ALPS_SLURM_REQUIRED=1, where it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from slurm.two_node import TwoNodeHarness, unavailable_reason
+from test_slurm_e2e import (
+    QUICK,
+    Submission,
+    check_checkpoint,
+    check_environment_requests,
+    check_log_path,
+    check_ranks_trained,
+    dataset_fixture,  # noqa: F401 - the `dataset` fixture, shared
+    explained,
+    repo_fixture,  # noqa: F401 - the `repo` fixture, shared
+    started_or_skip,
+    submit,
+)
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
+
+# srun: one task per node (one GPU each). Two ranks: a sum of two values does not depend on
+# the order of the addition, so a resumed run can be compared with an uninterrupted one bit for
+# bit (with more ranks, gloo's summation order may differ between runs in the last bit).
+SRUN_SHAPE = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
+# torchrun: one agent per node starting one worker per GPU, 2 GPUs: ranks 0,1 on the first node,
+# 2,3 on the second. (--nodes=2 is the configuration's own.)
+TORCHRUN_SHAPE = ("--gpus-per-node=2",)
+PREEMPT_STEPS = 60  # the signal, sent once step 10 is logged, stops training at step 20 or 30
+PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
+JOB_TIMEOUT = 300
+
+HOST_LINE = re.compile(
+    r"\[rank(\d+)\] \S+ INFO host=(\S+) rank=(\d+) local_rank=(\d+) world=(\d+) .*launcher=(\w+)"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[TwoNodeHarness]:
+    """The two-node cluster, for this module; torn down (network included) at its end."""
+    yield from started_or_skip(TwoNodeHarness(), unavailable_reason())
+
+
+def master_port(job_id: int) -> int:
+    return 15000 + job_id % 15000  # the job scripts' MASTER_PORT
+
+
+def check_placement(sub: Submission, cluster: TwoNodeHarness, per_node: int, starts: int = 1):
+    """Ranks 0..per_node-1 ran on the first node, the next ones on the second, each start; all
+    of them rendezvoused on the first node (MASTER_ADDR from the node list)."""
+    found = HOST_LINE.findall(sub.text())
+    assert len(found) == sub.ranks * starts, found
+    for _, host, rank, local_rank, world, _ in found:
+        node = cluster.nodes[int(rank) // per_node]
+        assert (host, int(local_rank), int(world)) == (node, int(rank) % per_node, sub.ranks)
+    assert {host for _, host, *_ in found} == set(cluster.nodes)
+    rendezvous = f"init_process_group via tcp://{cluster.nodes[0]}:{master_port(sub.job_id)}"
+    assert sub.text().count(rendezvous) >= starts, f"no {rendezvous!r} in the log"
+
+
+def connections(cluster: TwoNodeHarness, node: str) -> set[tuple[str, int]]:
+    """(remote address, port) of the established TCP connections in `node`'s namespace."""
+    pids = cluster.pids_in(node)
+    if not pids:
+        return set()
+    found = set()
+    for line in Path(f"/proc/{pids[0]}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] != "01":  # ESTABLISHED
+            continue
+        addr, port = fields[2].split(":")
+        found.add((socket.inet_ntoa(bytes.fromhex(addr)[::-1]), int(port, 16)))
+    return found
+
+
+def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint (model, optimizer; the RNG states as bytes), by its path
+    in the state."""
+    dcp_to_torch_save(checkpoint, scratch)
+    state = torch.load(scratch, weights_only=False)
+    tensors = {}
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}/{key}")
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                walk(item, f"{path}/{index}")
+        elif isinstance(value, torch.Tensor | bytes):  # bytes: the pickled RNG states
+            tensors[path] = (
+                value
+                if isinstance(value, torch.Tensor)
+                else torch.frombuffer(bytearray(value), dtype=torch.uint8)
+            )
+
+    walk(state, "")
+    return tensors
+
+
+def train_records(sub: Submission) -> list[dict]:
+    lines = (sub.run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+def test_two_node_cluster_runs_a_step_on_each_host(cluster, tmp_path):
+    """srun -N2: one task per node, each with the node's name and address; names resolve."""
+    show = 'echo "$(hostname) $(hostname -I) $(getent hosts "$1")"'
+    proc = cluster.run(
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "-l",
+        "bash",
+        "-c",
+        show,
+        "x",
+        cluster.nodes[1],
+        cwd=tmp_path,
+    )
+    lines = sorted(proc.stdout.splitlines())
+    peer = f"{cluster.addresses[cluster.nodes[1]]}"
+    assert [line.split()[:3] for line in lines] == [
+        ["0:", cluster.nodes[0], cluster.addresses[cluster.nodes[0]]],
+        ["1:", cluster.nodes[1], cluster.addresses[cluster.nodes[1]]],
+    ], proc.stdout
+    assert all(line.split()[3] == peer for line in lines), proc.stdout
+
+
+# ------------------------------------------------------------------ generated repos, two nodes
+
+
+def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
+    cluster, repo, tmp_path, dataset
+):
+    """container + srun, DDP, one rank on each node: USR2 reaches both ranks, one checkpoint is
+    written, the job requeues and resumes; its final checkpoint equals that of an uninterrupted
+    run (a second job, alongside) bit for bit: model, optimizer, scheduler and RNG states."""
+    target = repo("default", "container")
+    sub = submit(
+        cluster,
+        target,
+        tmp_path / "preempted",
+        PREEMPT,
+        dataset,
+        sbatch_args=SRUN_SHAPE,
+        ranks=2,
+        single_node=False,
+    )
+    reference = submit(
+        cluster,
+        target,
+        tmp_path / "reference",
+        PREEMPT,
+        dataset,
+        sbatch_args=SRUN_SHAPE,
+        ranks=2,
+        single_node=False,
+    )
+    with explained(reference), explained(sub):
+        sub.wait_for_log(r"INFO step [1-9]\d*/")
+        # the ranks on the second node talk to the first node's address: over the link
+        first = cluster.addresses[cluster.nodes[0]]
+        across = connections(cluster, cluster.nodes[1])
+        assert first in {addr for addr, _ in across}, across
+        cluster.run("scancel", "--signal=USR2", str(sub.job_id))
+        job = sub.wait(timeout=JOB_TIMEOUT)
+        text = sub.text()
+        assert job.state == "COMPLETED" and job.restarts == 1
+        stops = re.findall(r"\[rank(\d)\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
+        assert sorted(rank for rank, _, _ in stops) == ["0", "1"], stops
+        assert {reason for *_, reason in stops} == {"received SIGUSR2"}, "every rank got it"
+        stop_step = int(stops[0][1])
+        assert {int(step) for _, step, _ in stops} == {stop_step} and stop_step < PREEMPT_STEPS
+        assert f"requeueing job {sub.job_id}" in text
+        resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
+        assert resumed == [str(stop_step)]
+        check_placement(sub, cluster, per_node=1, starts=2)
+        check_log_path(sub, job)
+        check_ranks_trained(sub, max_steps=PREEMPT_STEPS, starts=2)
+        check_checkpoint(sub, PREEMPT_STEPS)
+        check_environment_requests(sub, restarts=1)
+        records = train_records(sub)
+        assert [r["step"] for r in records if r["kind"] == "checkpoint"] == [
+            stop_step,
+            PREEMPT_STEPS,
+        ]
+
+        ref_job = reference.wait(timeout=JOB_TIMEOUT)
+        assert ref_job.state == "COMPLETED" and ref_job.restarts == 0
+        final = f"checkpoints/step-{PREEMPT_STEPS:08d}"
+        resumed_state = checkpoint_tensors(sub.run_dir / final, tmp_path / "resumed.pt")
+        reference_state = checkpoint_tensors(reference.run_dir / final, tmp_path / "reference.pt")
+        assert resumed_state.keys() == reference_state.keys()
+        differ = [k for k in resumed_state if not torch.equal(resumed_state[k], reference_state[k])]
+        assert not differ, f"the resumed run is not the uninterrupted one: {differ}"
+        assert any(key.startswith("/model/optim/") for key in resumed_state), sorted(resumed_state)
+        assert any(key.startswith("/rng/") for key in resumed_state), sorted(resumed_state)
+
+
+def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, dataset):
+    """uenv + torchrun (its configuration asks for 2 nodes), FSDP: one agent per node, the
+    doctor first (clock offset and all-reduce bandwidth between the hosts), then training."""
+    target = repo("uenv-torchrun", "uenv")
+    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
+    args = [*QUICK, "parallelism=fsdp"]
+    sub = submit(
+        cluster, target, tmp_path, args, dataset, doctor, TORCHRUN_SHAPE, ranks=4, single_node=False
+    )
+    with explained(sub):
+        job = sub.wait(timeout=JOB_TIMEOUT)
+        text = sub.text()
+        assert job.state == "COMPLETED" and job.exit_code == (0, 0)
+        nodes = ", ".join(cluster.nodes)
+        assert f"doctor: 4 rank(s) on 2 node(s) ({nodes})" in text, text[-3000:]
+        assert "doctor: 0 FAIL" in text
+        offset = re.search(
+            rf"OK +clock_nodes .*{cluster.nodes[1]} [+-]\d+\.\d ms .*round trip", text
+        )
+        assert offset, text[-3000:]
+        between = re.search(r"OK +internode +busbw (\d+\.\d+) GB/s .*2 node", text)
+        assert between and float(between.group(1)) > 0, text[-3000:]
+        check_placement(sub, cluster, per_node=2)
+        check_ranks_trained(sub, max_steps=40)
+        check_checkpoint(sub, 40)
+        assert 'parallelism = "fsdp"' in (sub.run_dir / "config.toml").read_text()
+        check_environment_requests(sub)
+
+
+LOSS_TIMEOUT_S = 10  # dist_timeout_s of the lost-node test; the cluster's SlurmdTimeout is 20
+
+
+def jobcomp_states(cluster: TwoNodeHarness, job_id: int) -> list[str]:
+    """The state of each end of the job (a requeue ends one start), from the job completion log."""
+    states = []
+    for line in cluster.jobcomp_log.read_text().splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if fields.get("JobId") == str(job_id):
+            states.append(fields.get("JobState"))
+    return states
+
+
+def test_two_node_lost_node_fails_the_survivors_then_the_requeue_resumes(
+    cluster, repo, tmp_path, dataset
+):
+    """The second node's link is cut after the checkpoint of step 20 (the node vanishes; its
+    processes keep running): the rank on the first node gives up after dist_timeout_s, Slurm
+    declares the node DOWN and ends the start NODE_FAIL, requeueing the job (--requeue); once the
+    node is back the job runs again and resumes from the last complete checkpoint."""
+    target = repo("default", "container")
+    args = [*QUICK, "max_steps=80", "checkpoint_every=20", f"dist_timeout_s={LOSS_TIMEOUT_S}"]
+    shape = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
+    sub = submit(
+        cluster, target, tmp_path, args, dataset, sbatch_args=shape, ranks=2, single_node=False
+    )
+    lost = cluster.nodes[1]
+    survivor_error = r"\[rank0\] \S+ ERROR a collective did not complete within dist_timeout_s"
+    with explained(sub):
+        sub.wait_for_log(r"checkpoint step 20 complete")
+        cluster.cut_link(lost)
+        cut_at = time.monotonic()
+        try:
+            failed_after = None
+            while True:  # until Slurm has ended this start (the requeued job is PENDING)
+                if failed_after is None and re.search(survivor_error, sub.text()):
+                    failed_after = time.monotonic() - cut_at
+                state = cluster.job(sub.job_id).state
+                if state not in {"RUNNING", "COMPLETING"}:
+                    break
+                assert time.monotonic() - cut_at < 120, f"still {state} 120 s after the cut"
+                time.sleep(0.5)
+            complete = [
+                int(marker.parent.name.removeprefix("step-"))
+                for marker in (sub.run_dir / "checkpoints").glob("step-*/COMPLETE.json")
+            ]
+        finally:
+            cluster.restore_link(lost)
+        assert state in {"PENDING", "REQUEUED"}, f"not requeued: {state}"
+        cluster.resume_node(lost)  # as an admin would once the node is healthy again
+        job = sub.wait(timeout=JOB_TIMEOUT)
+        text = sub.text()
+        assert failed_after is not None, "the surviving rank did not name the timeout"
+        assert LOSS_TIMEOUT_S - 1 <= failed_after <= LOSS_TIMEOUT_S + 10, failed_after
+        assert "DUE TO NODE FAILURE" in text
+        assert jobcomp_states(cluster, sub.job_id) == ["NODE_FAIL", "COMPLETED"]
+        assert job.state == "COMPLETED" and job.restarts == 1
+        resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
+        assert complete and resumed == [str(max(complete))], (complete, resumed)
+        check_placement(sub, cluster, per_node=1, starts=2)
+        check_ranks_trained(sub, max_steps=80, starts=2)
+        check_checkpoint(sub, 80)
