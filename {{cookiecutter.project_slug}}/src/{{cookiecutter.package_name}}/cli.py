@@ -11,12 +11,22 @@ import logging
 import sys
 from pathlib import Path
 
+from . import hf_data
 from .config import ConfigError, load_config
 from .distributed import LaunchError, is_collective_timeout
 
 log = logging.getLogger(__package__)
 
-COMMANDS = ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot")
+COMMANDS = (
+    "train",
+    "benchmark",
+    "doctor",
+    "make-dataset",
+    "train-tokenizer",
+    "generate",
+    "export",
+    "plot",
+)
 PROG = f"python -m {__package__}"
 
 
@@ -70,6 +80,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)",
     )
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
+    hf_data.add_arguments(make, source)
     make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
     make.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
     make.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
@@ -78,6 +89,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--classes", type=int, help="MLP: number of classes (synthetic: 10; .npy: max label + 1)"
     )
     make.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
+    hf_data.add_train_tokenizer(sub)
     gen = sub.add_parser("generate", help="sample text from a run's newest checkpoint")
     gen.add_argument("run", metavar="run_dir=DIR", help="the run directory")
     gen.add_argument("--prompt", default="\n", help="text to continue")
@@ -86,6 +98,9 @@ def make_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=200)
     gen.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
+    )
     export = sub.add_parser("export", help="one unsharded model file from a run's checkpoint")
     export.add_argument("run", metavar="run_dir=DIR", help="the run directory")
     export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
@@ -101,15 +116,17 @@ def run_dir_argument(text: str) -> Path:
 
 
 def make_dataset(args: argparse.Namespace) -> int:
-    from . import tokens
+    from . import shards, tokens
 
-    if args.stdlib or args.text:
+    if args.hf:
+        index = hf_data.make_dataset(args)
+    elif args.stdlib or args.text:
         files = tokens.stdlib_files() if args.stdlib else args.text
-        index = tokens.write_text_dataset(files, args.out)
+        index = shards.write_text_dataset(files, args.out)
     elif args.tokens:
         if args.vocab_size is None:
             raise ConfigError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
-        index = tokens.write_token_dataset(args.tokens, args.vocab_size, args.out)
+        index = shards.write_token_dataset(args.tokens, args.vocab_size, args.out)
     else:
         return make_array_dataset(args)
     print(
@@ -140,6 +157,8 @@ def make_array_dataset(args: argparse.Namespace) -> int:
 def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "make-dataset":
         return make_dataset(args)
+    if args.command == "train-tokenizer":
+        return hf_data.train_tokenizer_command(args)
     if args.command == "doctor":
         from .doctor import main as doctor
 
@@ -155,6 +174,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             args.top_k,
             args.device,
             args.seed,
+            args.tokenizer,
         )
         print(text)
         return 0

@@ -320,10 +320,12 @@ def check_resume(
     A different world size is allowed (checkpoints reshard): the global batch then changes,
     which the log says.
     """
+    # the same data under another spelling of its path (data/x/, ./data/x, absolute) is the same
+    same_data = bool(saved_fingerprint) and saved_fingerprint == fingerprint
     changed = [
         f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
         for key in RESUME_MUST_MATCH
-        if saved.get(key) != getattr(cfg, key)
+        if saved.get(key) != getattr(cfg, key) and not (key == "dataset" and same_data)
     ]
     if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
         changed.append(
@@ -347,4 +349,6 @@ def check_resume(
             message + ". Use a new run_dir, restore the values, or pass force_resume=true "
             "to continue anyway."
         )
-    log.warning("%s. Continuing because force_resume=true.", message)
+    log.warning(
+        "force_resume=true overrides %d resume check(s): %s", len(changed), "; ".join(changed)
+    )
