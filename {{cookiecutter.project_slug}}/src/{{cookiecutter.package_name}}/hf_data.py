@@ -198,7 +198,7 @@ class Progress:
                 eta = f", ETA {format_seconds(elapsed * (1 - fraction) / fraction)}"
         end = f" in {format_seconds(elapsed)}" if final else eta
         print(
-            f"make-dataset: {done}, {self.tokens / 1e6:.1f}M tokens, "
+            f"make-dataset: {done}, {self.tokens:,} tokens, "
             f"{rate / 1e6:.2f}M tokens/s{end}",
             file=self.stream,
             flush=True,
