@@ -28,7 +28,10 @@ from .tokens import DatasetError, token_dtype
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
-BATCH_DOCUMENTS = 1024  # documents per encode_batch call: fixed, so shards never depend on workers
+# Documents per encode_batch call, at most BATCH_DOCUMENTS and BATCH_CHARACTERS (the tokenizer
+# holds ~100 bytes per token of a batch): fixed by the source, so shards never depend on workers.
+BATCH_DOCUMENTS = 1024
+BATCH_CHARACTERS = 2**22
 
 
 def default_workers() -> int:
@@ -96,8 +99,15 @@ def count_documents(dataset, args: dict, split: str) -> int | None:
     return None
 
 
-def text_batches(dataset, column: str, source: str, batch_documents: int) -> Iterator[list[str]]:
-    """Lists of `batch_documents` texts (the last one shorter), in the source's order."""
+def text_batches(
+    dataset,
+    column: str,
+    source: str,
+    batch_documents: int,
+    batch_characters: int = BATCH_CHARACTERS,
+) -> Iterator[list[str]]:
+    """Lists of at most `batch_documents` texts and `batch_characters` characters (or one longer
+    text), in the source's order."""
     seen = 0
     try:
         for batch in dataset.iter(batch_size=batch_documents):
@@ -114,11 +124,22 @@ def text_batches(dataset, column: str, source: str, batch_documents: int) -> Ite
                         f"{column!r}, not text"
                     )
             seen += len(texts)
-            yield texts
+            yield from split_batch(texts, batch_characters)
     except (DatasetError, KeyboardInterrupt):
         raise
     except Exception as err:  # a corrupt file, a lost connection
         raise DatasetError(f"{source}: cannot read document {seen}: {first_line(err)}") from None
+
+
+def split_batch(texts: list[str], batch_characters: int) -> Iterator[list[str]]:
+    start, size = 0, 0
+    for i, text in enumerate(texts):
+        if size and size + len(text) > batch_characters:
+            yield texts[start:i]
+            start, size = i, 0
+        size += len(text)
+    if start < len(texts):
+        yield texts[start:]
 
 
 def read_ahead(items: Iterable, depth: int = 4) -> Iterator:
@@ -198,8 +219,7 @@ class Progress:
                 eta = f", ETA {format_seconds(elapsed * (1 - fraction) / fraction)}"
         end = f" in {format_seconds(elapsed)}" if final else eta
         print(
-            f"make-dataset: {done}, {self.tokens:,} tokens, "
-            f"{rate / 1e6:.2f}M tokens/s{end}",
+            f"make-dataset: {done}, {self.tokens:,} tokens, {rate / 1e6:.2f}M tokens/s{end}",
             file=self.stream,
             flush=True,
         )
