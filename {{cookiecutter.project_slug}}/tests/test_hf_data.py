@@ -239,3 +239,19 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
     assert text.startswith("Dokument 3:") and "\ufffd" not in text
     assert len(text) > len("Dokument 3:") + 20  # 40 BPE tokens of text, not bytes
     assert set(text.replace("<|endoftext|>", "")) <= set("".join(docs))
+
+
+def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
+    from {{ cookiecutter.package_name }} import data_benchmark
+
+    root, docs = corpus
+    assert data_benchmark.main(["--hf", str(root / "pq"), "--tokenizer", str(bpe)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    result = json.loads(line)
+    tok, _ = tokenizer.load_tokenizer(bpe)
+    assert result["tokens"] == sum(len(tok.encode(d, add_special_tokens=False).ids) + 1 for d in docs)
+    for key in ("pipeline_tokens_per_s", "encode_batch_tokens_per_s", "peak_rss_mib"):
+        assert result[key] > 0
+    assert result["ratio"] == pytest.approx(
+        result["pipeline_tokens_per_s"] / result["encode_batch_tokens_per_s"], rel=0.01
+    )
