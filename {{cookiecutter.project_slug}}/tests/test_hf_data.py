@@ -117,7 +117,7 @@ def run_cli(args, cwd, **env):
 
 def test_shards_do_not_depend_on_the_number_of_workers(corpus, bpe, tmp_path):
     root, _ = corpus
-    # 10 batches of 8 documents on 2 threads here, one batch of 80 on 1 thread in a new process
+    # batches of 8 documents on 2 threads here, of 64 on 1 thread in a new process
     # (the tokenizer's thread pool is sized once per process)
     here = hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "w2", workers=2, batch_documents=8)
     out = tmp_path / "w1"
@@ -249,7 +249,9 @@ def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
     (line,) = capsys.readouterr().out.splitlines()
     result = json.loads(line)
     tok, _ = tokenizer.load_tokenizer(bpe)
-    assert result["tokens"] == sum(len(tok.encode(d, add_special_tokens=False).ids) + 1 for d in docs)
+    assert result["tokens"] == sum(
+        len(tok.encode(d, add_special_tokens=False).ids) + 1 for d in docs
+    )
     for key in ("pipeline_tokens_per_s", "encode_batch_tokens_per_s", "peak_rss_mib"):
         assert result[key] > 0
     assert result["ratio"] == pytest.approx(

@@ -48,11 +48,13 @@ def synthetic_corpus(directory: Path, megabytes: int, rows_per_group: int = 512)
     return folder
 
 
-def encode_batch_alone(source: str, tokenizer, split: str, column: str, batch: int) -> tuple:
+def encode_batch_alone(source: str, tokenizer, args: argparse.Namespace, workers: int) -> tuple:
     """(tokens, seconds inside encode_batch) over the same batches as the pipeline."""
-    dataset, _ = hf_data.open_source(source, split)
+    dataset, _ = hf_data.open_source(source, args.split)
+    documents = hf_data.BATCH_DOCUMENTS_PER_WORKER * workers
+    characters = hf_data.BATCH_CHARACTERS_PER_WORKER * workers
     tokens, seconds = 0, 0.0
-    for texts in hf_data.text_batches(dataset, column, source, batch):
+    for texts in hf_data.text_batches(dataset, args.column, source, documents, characters):
         start = time.perf_counter()
         encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
         seconds += time.perf_counter() - start
@@ -89,9 +91,7 @@ def run(args: argparse.Namespace) -> dict:
         rss = peak_rss_mib()
         tokens = index["train"]["tokens"] + index["val"]["tokens"]
         tokenizer, _ = load_tokenizer(args.tokenizer)
-        alone_tokens, alone_s = encode_batch_alone(
-            source, tokenizer, args.split, args.column, hf_data.BATCH_DOCUMENTS
-        )
+        alone_tokens, alone_s = encode_batch_alone(source, tokenizer, args, workers)
     pipeline, alone = tokens / pipeline_s, alone_tokens / alone_s
     return {
         "source": args.hf or f"synthetic {args.synthetic_mb} MiB (stdlib sources, parquet)",

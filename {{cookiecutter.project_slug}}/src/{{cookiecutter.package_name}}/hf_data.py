@@ -4,9 +4,9 @@ or a folder of parquet/JSONL/arrow files) tokenised by a Hugging Face tokenizer 
 At corpus scale: the source is streamed (never copied into the Hugging Face cache), one thread
 reads the next batches of documents while the tokenizer's own thread pool encodes the current
 one on `--workers` cores, and the shards are written as the ids come (`shards.write_shards`):
-memory stays flat however large the corpus. Batches are fixed by the source alone and the
-tokenizer keeps their order, so the shards and their fingerprint do not depend on the number of
-workers. A progress line (documents, tokens/s, ETA) goes to stderr every 10 s.
+memory stays flat however large the corpus. A document's ids do not depend on the batch it is
+in, and the tokenizer keeps the order, so the shards and their fingerprint do not depend on the
+number of workers. A progress line (documents, tokens/s, ETA) goes to stderr every 10 s.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from .tokens import DatasetError, token_dtype
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
-# Documents per encode_batch call, at most BATCH_DOCUMENTS and BATCH_CHARACTERS (the tokenizer
-# holds ~100 bytes per token of a batch): fixed by the source, so shards never depend on workers.
-BATCH_DOCUMENTS = 1024
-BATCH_CHARACTERS = 2**22
+# Documents per encode_batch call, per worker: enough to keep every thread busy, few enough that
+# the batch's encodings (~100 bytes per token) stay small. A document's ids do not depend on the
+# batch it is in, so neither do the shards.
+BATCH_DOCUMENTS_PER_WORKER = 64
+BATCH_CHARACTERS_PER_WORKER = 2**18
 
 
 def default_workers() -> int:
@@ -104,7 +105,7 @@ def text_batches(
     column: str,
     source: str,
     batch_documents: int,
-    batch_characters: int = BATCH_CHARACTERS,
+    batch_characters: int,
 ) -> Iterator[list[str]]:
     """Lists of at most `batch_documents` texts and `batch_characters` characters (or one longer
     text), in the source's order."""
@@ -248,19 +249,23 @@ def write_hf_dataset(
     column: str = "text",
     workers: int | None = None,
     separator: str | None = None,
-    batch_documents: int = BATCH_DOCUMENTS,
+    batch_documents: int | None = None,
     progress_every_s: float = 10.0,
     **shard_options,
 ) -> dict:
     """Tokenise `source` into a token dataset at `out` (see `shards.write_shards` for `out`
     existing already, and `shard_options`). The tokenizer.json is copied into the dataset."""
-    use_workers(workers)
+    workers = use_workers(workers)
+    batch_documents = batch_documents or BATCH_DOCUMENTS_PER_WORKER * workers
+    batch_characters = BATCH_CHARACTERS_PER_WORKER * workers
     tokenizer, file = load_tokenizer(tokenizer_path)
     vocab_size = vocabulary_size(tokenizer)
     _, separator_id = document_separator(tokenizer, file, separator)
     dataset, total = open_source(str(source), split)
     progress = Progress(total, progress_every_s)
-    batches = read_ahead(text_batches(dataset, column, str(source), batch_documents))
+    batches = read_ahead(
+        text_batches(dataset, column, str(source), batch_documents, batch_characters)
+    )
 
     def chunks():
         for documents, ids in encode_batches(
