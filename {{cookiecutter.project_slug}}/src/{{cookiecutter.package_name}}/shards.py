@@ -230,9 +230,10 @@ def write_shards(
 
 
 def move_tail(train: ShardWriter, val: ShardWriter, n_val: int) -> None:
-    """Move the last `n_val` tokens of the closed train shards to `val`, in bounded memory."""
+    """Move the last `n_val` tokens of the closed train shards to `val`, in bounded memory
+    (plain reads in chunks: a memmap's pages would count in the resident memory)."""
     keep = sum(f["tokens"] for f in train.files) - n_val
-    position = 0
+    position, itemsize = 0, train.dtype.itemsize
     for entry in list(train.files):
         path = train.directory / entry["name"]
         start, end = position, position + entry["tokens"]
@@ -240,13 +241,16 @@ def move_tail(train: ShardWriter, val: ShardWriter, n_val: int) -> None:
         if end <= keep:
             continue
         cut = max(keep - start, 0)  # tokens of this shard that stay in train
-        shard = np.memmap(path, dtype=train.dtype, mode="r")
-        for offset in range(cut, len(shard), CHUNK_TOKENS):
-            val.write(np.asarray(shard[offset : min(offset + CHUNK_TOKENS, len(shard))]))
-        head_max = int(shard[:cut].max()) if cut else None
-        del shard
+        head_max = 0
+        for offset in range(0, entry["tokens"], CHUNK_TOKENS):
+            count = min(CHUNK_TOKENS, entry["tokens"] - offset)
+            chunk = np.fromfile(path, dtype=train.dtype, count=count, offset=offset * itemsize)
+            if offset < cut:
+                head_max = max(head_max, int(chunk[: cut - offset].max()))
+            if offset + count > cut:
+                val.write(chunk[max(cut - offset, 0) :])
         if cut:
-            os.truncate(path, cut * train.dtype.itemsize)
+            os.truncate(path, cut * itemsize)
             entry.update(tokens=cut, max_id=head_max)
         else:
             path.unlink()
