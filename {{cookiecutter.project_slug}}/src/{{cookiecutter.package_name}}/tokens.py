@@ -47,6 +47,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return DTYPES["uint16"] if vocab_size <= 2**16 else DTYPES["uint32"]
 
 
+def __getattr__(name: str):
+    """The writers live in shards.py; `tokens.write_text_dataset` etc. still reach them."""
+    if name in ("write_text_dataset", "write_token_dataset", "write_shards"):
+        from . import shards
+
+        return getattr(shards, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class DatasetError(ValueError):
     """A token file or dataset directory that cannot be used; the message names the path."""
 
