@@ -20,7 +20,7 @@ from conftest import PACKAGE, REPO, TINY  # noqa: E402
 
 from {{ cookiecutter.package_name }} import hf_data, tokenizer  # noqa: E402
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
-from {{ cookiecutter.package_name }}.tokens import TokenDataset  # noqa: E402
+from {{ cookiecutter.package_name }}.tokens import DatasetError, TokenDataset  # noqa: E402
 
 WORDS = "alps cluster node train token shard lustre model batch step the a of and".split()
 
@@ -239,6 +239,14 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
     assert text.startswith("Dokument 3:") and "\ufffd" not in text
     assert len(text) > len("Dokument 3:") + 20  # 40 BPE tokens of text, not bytes
     assert set(text.replace("<|endoftext|>", "")) <= set("".join(docs))
+    # run elsewhere, the relative dataset path is gone: one line asks for the tokenizer
+    monkeypatch.chdir(root)
+    with pytest.raises(DatasetError, match="pass --tokenizer PATH"):
+        generate(tmp_path / "run", "Dokument", 5, device="cpu")
+    again = generate(
+        tmp_path / "run", "Dokument 3:", 40, temperature=0, device="cpu", tokenizer=bpe
+    )
+    assert again == text
 
 
 def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):

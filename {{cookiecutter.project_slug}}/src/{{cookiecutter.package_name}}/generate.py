@@ -48,7 +48,7 @@ def generate(
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     target = torch.device("cuda" if use_cuda else "cpu")
     model.to(target).eval()
-    codec = text_codec(cfg.dataset, tokenizer)
+    codec = text_codec(cfg.dataset, tokenizer, vocab)
     context = torch.tensor([codec.encode(prompt)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
     # only the tokenizer's ids are text (the rest is padding of the vocabulary)

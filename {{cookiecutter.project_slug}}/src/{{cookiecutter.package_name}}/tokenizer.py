@@ -151,14 +151,21 @@ class TextCodec:
         return decode_bytes(ids) if self.tokenizer is None else decode(self.tokenizer, ids)
 
 
-def text_codec(dataset: str, tokenizer_path: Path | None = None) -> TextCodec:
+def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
     """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
     else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""
     if tokenizer_path is not None:
         return TextCodec(load_tokenizer(tokenizer_path)[0])
     directory = Path(dataset)
-    if dataset == "synthetic" or not (directory / "index.json").is_file():
-        return TextCodec()  # bytes; a run on another tokenizer's ids needs --tokenizer
+    if dataset != "synthetic" and not (directory / "index.json").is_file():
+        if model_vocab > BYTE_VOCAB:  # not a byte model: bytes would decode nonsense
+            raise DatasetError(
+                f"{directory}: the run's dataset is not here to give its tokenizer (run from the "
+                "directory you trained in, or pass --tokenizer PATH)"
+            )
+        return TextCodec()
+    if dataset == "synthetic":
+        return TextCodec()
     index = read_index(directory)
     recorded = index.get("tokenizer_file")
     if index.get("tokenizer") != "huggingface" or not recorded:
