@@ -203,6 +203,15 @@ def test_source_and_tokenizer_errors_are_one_line(corpus, bpe, tmp_path, capsys)
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".*"))
+    out = str(tmp_path / "tok.json")
+    for args, message in [
+        (["--text", str(tmp_path / "none.txt"), "--vocab-size", "300"], "none.txt: cannot read"),
+        (["--text", str(root / "corpus.txt"), "--vocab-size", "100"], "needs at least 257 ids"),
+    ]:
+        assert main(["train-tokenizer", *args, "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.glob("*tok.json*"))
 
 
 def test_train_resume_under_other_path_spellings_then_sample_text(
