@@ -1,4 +1,5 @@
-"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|train-tokenizer|generate|export|plot] ...`.
+"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|export|plot] ...`
+(and `train-tokenizer`).
 
 Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
 error, 1 any other failure (including a run directory held by another live job).
