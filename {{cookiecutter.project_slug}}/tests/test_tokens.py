@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import tokens
+from {{ cookiecutter.package_name }} import shards, tokens
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tokens import DatasetError, TokenDataset
 
 
@@ -37,7 +38,7 @@ DOCS = [b"alpha " * 200, "b\u00e9ta\n".encode() * 300, bytes(range(1, 256)) * 4]
 def test_text_dataset_index_shards_and_fingerprint(tmp_path):
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    index = tokens.write_text_dataset(files, out, shard_tokens=1000, min_val_tokens=300)
+    index = shards.write_text_dataset(files, out, shard_tokens=1000, min_val_tokens=300)
     assert json.loads((out / "index.json").read_text()) == index
     assert index["format"] == "tokens/1" and index["dtype"] == "uint16"
     assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (256, "bytes", 0)
@@ -61,12 +62,12 @@ def test_text_dataset_index_shards_and_fingerprint(tmp_path):
     assert data.fingerprint == index["fingerprint"] and data.tokenizer == "bytes"
 
     # Same input, same fingerprint; one changed byte, another one.
-    again = tokens.write_text_dataset(
+    again = shards.write_text_dataset(
         files, tmp_path / "again", shard_tokens=1000, min_val_tokens=300
     )
     assert again["fingerprint"] == index["fingerprint"]
     files[1].write_bytes(DOCS[1].replace(b"\n", b"!", 1))
-    changed = tokens.write_text_dataset(
+    changed = shards.write_text_dataset(
         files, tmp_path / "new", shard_tokens=1000, min_val_tokens=300
     )
     assert changed["fingerprint"] != index["fingerprint"]
@@ -75,20 +76,20 @@ def test_text_dataset_index_shards_and_fingerprint(tmp_path):
 def test_an_existing_dataset_is_kept_unless_the_new_one_is_identical(tmp_path):
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    first = tokens.write_text_dataset(files, out, min_val_tokens=300)
+    first = shards.write_text_dataset(files, out, min_val_tokens=300)
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    assert tokens.write_text_dataset(files, out, min_val_tokens=300) == first  # no-op
+    assert shards.write_text_dataset(files, out, min_val_tokens=300) == first  # no-op
     with pytest.raises(DatasetError, match="already holds a different token dataset"):
-        tokens.write_text_dataset(files[:2], out, min_val_tokens=300)
+        shards.write_text_dataset(files[:2], out, min_val_tokens=300)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs
 
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(DatasetError, match="other: exists and is not a token dataset"):
-        tokens.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
+        shards.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
     (tmp_path / "empty").mkdir()  # an empty directory is fine (e.g. made by a job script)
-    assert tokens.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
+    assert shards.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
 
 
 def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
@@ -96,7 +97,7 @@ def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
     files = text_files(tmp_path / "src", DOCS * 200)  # ~1 MB: the writes overlap in time
     script = (
         "import json, sys; from pathlib import Path; "
-        f"from {tokens.__name__} import write_text_dataset as w; "
+        f"from {shards.__name__} import write_text_dataset as w; "
         "files = [Path(a) for a in sys.argv[2:]]; "
         "print(json.dumps(w(files, Path(sys.argv[1]), min_val_tokens=300)))"
     )
@@ -112,7 +113,7 @@ def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
 
 def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):
     files = text_files(tmp_path / "src", DOCS)
-    write = tokens.ShardWriter.write
+    write = shards.ShardWriter.write
     calls = []
 
     def dies_on_the_second_document(self, chunk):
@@ -121,9 +122,9 @@ def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # e.g. Ctrl-C, or any error, after some shards are written
         write(self, chunk)
 
-    monkeypatch.setattr(tokens.ShardWriter, "write", dies_on_the_second_document)
+    monkeypatch.setattr(shards.ShardWriter, "write", dies_on_the_second_document)
     with pytest.raises(KeyboardInterrupt):
-        tokens.write_text_dataset(files, tmp_path / "ds", shard_tokens=500, min_val_tokens=300)
+        shards.write_text_dataset(files, tmp_path / "ds", shard_tokens=500, min_val_tokens=300)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
@@ -139,25 +140,25 @@ def test_text_errors_name_the_file_and_the_problem(tmp_path, name, make, message
     good = text_files(tmp_path / "src", DOCS)
     make(tmp_path / name)
     with pytest.raises(DatasetError, match=message):
-        tokens.write_text_dataset([*good, tmp_path / name], tmp_path / "ds")
+        shards.write_text_dataset([*good, tmp_path / name], tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
 
 
 def test_any_bytes_are_text_to_the_byte_tokenizer(tmp_path):
     latin1 = text_files(tmp_path / "src", ["café ".encode("latin-1") * 400])  # not UTF-8
-    index = tokens.write_text_dataset(latin1, tmp_path / "ds", min_val_tokens=100)
+    index = shards.write_text_dataset(latin1, tmp_path / "ds", min_val_tokens=100)
     assert index["train"]["tokens"] + index["val"]["tokens"] == 2001
 
 
 def test_too_little_text_for_a_validation_split(tmp_path):
     with pytest.raises(DatasetError, match="only 41 tokens in all; need at least 2050"):
-        tokens.write_text_dataset(text_files(tmp_path / "src", [b"x" * 40]), tmp_path / "ds")
+        shards.write_text_dataset(text_files(tmp_path / "src", [b"x" * 40]), tmp_path / "ds")
 
 
 def test_token_files_from_another_tokenizer(tmp_path):
     ids = np.random.default_rng(0).integers(0, 50257, 5000).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
-    index = tokens.write_token_dataset(
+    index = shards.write_token_dataset(
         tmp_path / "ids.npy", 50257, tmp_path / "a", min_val_tokens=500
     )
     assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (
@@ -166,7 +167,7 @@ def test_token_files_from_another_tokenizer(tmp_path):
         None,
     )
     ids.astype("<u2").tofile(tmp_path / "ids.bin")
-    again = tokens.write_token_dataset(
+    again = shards.write_token_dataset(
         tmp_path / "ids.bin", 50257, tmp_path / "b", min_val_tokens=500
     )
     assert again["fingerprint"] == index["fingerprint"]
@@ -174,10 +175,32 @@ def test_token_files_from_another_tokenizer(tmp_path):
     assert np.array_equal(np.concatenate(data.train + data.val), ids)
 
 
+def test_token_files_above_65536_ids_become_uint32_shards(tmp_path):
+    ids = np.random.default_rng(0).integers(0, 128_256, 5000)  # Llama 3's vocabulary
+    np.save(tmp_path / "ids.npy", ids)
+    index = shards.write_token_dataset(
+        tmp_path / "ids.npy", 128_256, tmp_path / "a", min_val_tokens=500
+    )
+    assert index["dtype"] == "uint32" and (tmp_path / "a" / "val-00000.bin").stat().st_size == 2000
+    assert max(f["max_id"] for f in index["train"]["files"] + index["val"]["files"]) == ids.max()
+    data = TokenDataset.open(tmp_path / "a")
+    assert np.array_equal(np.concatenate(data.train + data.val), ids)
+    ids.astype("<u4").tofile(tmp_path / "ids.bin")  # raw uint32 above 65536
+    again = shards.write_token_dataset(
+        tmp_path / "ids.bin", 128_256, tmp_path / "b", min_val_tokens=500
+    )
+    assert again["fingerprint"] == index["fingerprint"]
+    # the same ids under another vocabulary size are other data
+    small = shards.write_token_dataset(
+        tmp_path / "ids.npy", 2**17, tmp_path / "c", min_val_tokens=500
+    )
+    assert small["fingerprint"] != index["fingerprint"]
+
+
 @pytest.mark.parametrize(
     ("array", "vocab", "message"),
     [
-        (np.array([1, 70000, 3] * 1000), 70001, "vocab_size 70001 does not fit uint16"),
+        (np.array([1, 70000, 3] * 1000), 2**32 + 1, "vocab_size 4294967297 is not in 1 to"),
         (np.array([1, 70000, 3] * 1000), 65536, "token 70000 at position 1 is outside"),
         (np.array([5, 6, 256] * 1000), 256, r"token 256 at position 2 is outside \[0, vocab_"),
         (np.array([5, -1, 6] * 1000), 256, "token -1 at position 1"),
@@ -189,23 +212,23 @@ def test_token_files_from_another_tokenizer(tmp_path):
 def test_token_file_errors(tmp_path, array, vocab, message):
     np.save(tmp_path / "ids.npy", array)
     with pytest.raises(DatasetError, match=message) as err:
-        tokens.write_token_dataset(tmp_path / "ids.npy", vocab, tmp_path / "ds", min_val_tokens=500)
+        shards.write_token_dataset(tmp_path / "ids.npy", vocab, tmp_path / "ds", min_val_tokens=500)
     assert "ids.npy" in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.npy"]
 
 
 def test_token_file_unreadable_or_of_unknown_type(tmp_path):
     with pytest.raises(DatasetError, match="nothing.npy: cannot read"):
-        tokens.write_token_dataset(tmp_path / "nothing.npy", 256, tmp_path / "ds")
+        shards.write_token_dataset(tmp_path / "nothing.npy", 256, tmp_path / "ds")
     (tmp_path / "ids.txt").write_text("1 2 3")
     with pytest.raises(DatasetError, match="ids.txt: unknown token file type"):
-        tokens.write_token_dataset(tmp_path / "ids.txt", 256, tmp_path / "ds")
+        shards.write_token_dataset(tmp_path / "ids.txt", 256, tmp_path / "ds")
     (tmp_path / "odd.bin").write_bytes(b"abc")
     with pytest.raises(DatasetError, match="odd.bin: odd number of bytes"):
-        tokens.write_token_dataset(tmp_path / "odd.bin", 256, tmp_path / "ds")
+        shards.write_token_dataset(tmp_path / "odd.bin", 256, tmp_path / "ds")
     (tmp_path / "text.npy").write_text("not numpy")
     with pytest.raises(DatasetError, match="text.npy: not a readable .npy array"):
-        tokens.write_token_dataset(tmp_path / "text.npy", 256, tmp_path / "ds")
+        shards.write_token_dataset(tmp_path / "text.npy", 256, tmp_path / "ds")
 
 
 def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
@@ -213,7 +236,7 @@ def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
         TokenDataset.open(tmp_path)
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    tokens.write_text_dataset(files, out, min_val_tokens=300)
+    shards.write_text_dataset(files, out, min_val_tokens=300)
     index = json.loads((out / "index.json").read_text())
     (out / "index.json").write_text(json.dumps({**index, "format": "tokens/9"}))
     with pytest.raises(
@@ -227,10 +250,94 @@ def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
         TokenDataset.open(out)
 
 
+def byte_dataset(tmp_path):
+    out = tmp_path / "ds"
+    shards.write_text_dataset(text_files(tmp_path / "src", DOCS), out, min_val_tokens=300)
+    return out, json.loads((out / "index.json").read_text())
+
+
+def edit_index(out, index, **changes):
+    (out / "index.json").write_text(json.dumps({**index, **changes}))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda i: {"train": {"files": [], "tokens": 0}}, "lists no train files"),
+        (lambda i: {"val": {"files": [], "tokens": 0}}, "lists no val files"),
+        (lambda i: {"dtype": "int8"}, "unknown token dtype 'int8'; expected one of"),
+        (lambda i: {"train": {"files": [{"tokens": 5}]}}, r"malformed index \(KeyError: 'name'\)"),
+        (lambda i: {"vocab_size": 0}, "vocab_size 0 is not in 1 to"),
+        (
+            lambda i: {
+                "train": {
+                    **i["train"],
+                    "files": [*i["train"]["files"], {"name": "train-00009.bin", "tokens": 9}],
+                }
+            },
+            "train-00009.bin: missing, but index.json lists it",
+        ),
+        # ids above the vocabulary: an IndexError mid-training without this check
+        (
+            lambda i: {"vocab_size": 200},
+            r"train-00000.bin: holds token id 255, but the vocabulary .* is 200",
+        ),
+    ],
+)
+def test_a_malformed_index_is_refused_in_one_line(tmp_path, change, message):
+    out, index = byte_dataset(tmp_path)
+    edit_index(out, index, **change(index))
+    with pytest.raises(DatasetError, match=message) as err:
+        TokenDataset.open(out)
+    assert "\n" not in str(err.value)
+
+
+def test_training_on_ids_outside_the_vocabulary_stops_with_one_line(
+    tmp_path, capsys, single_process
+):
+    out, index = byte_dataset(tmp_path)
+    edit_index(out, index, vocab_size=200)  # DOCS hold bytes up to 255
+    argv = ["train", "model=gpt", "preset=tiny", f"dataset={out}", f"run_dir={tmp_path / 'run'}"]
+    assert main([*argv, "device=cpu", "max_steps=1"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert "dataset error" in line and "holds token id 255" in line and "is 200" in line
+    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_datasets_written_before_max_ids_were_recorded_are_scanned(tmp_path):
+    out, index = byte_dataset(tmp_path)
+    for split in ("train", "val"):
+        for entry in index[split]["files"]:
+            del entry["max_id"]
+    edit_index(out, index, vocab_size=255)  # DOCS hold byte 255
+    with pytest.raises(DatasetError, match="holds token id 255, but the vocabulary"):
+        TokenDataset.open(out)
+    edit_index(out, index)
+    assert TokenDataset.open(out).vocab_size == 256
+
+
+def test_resume_compares_datasets_by_fingerprint_not_path_spelling(caplog):
+    from {{ cookiecutter.package_name }}.config import Config, ConfigError, check_resume
+
+    saved = Config(dataset="data/x/")
+    for spelling in ("./data/x", "/abs/data/x", "data/x"):
+        check_resume(vars(saved), Config(dataset=spelling), 1, 1, "sha256:aa", "sha256:aa")
+    with pytest.raises(ConfigError, match="dataset contents: fingerprint sha256:aa -> sha256:bb"):
+        check_resume(vars(saved), Config(dataset="data/x/"), 1, 1, "sha256:aa", "sha256:bb")
+    with pytest.raises(ConfigError, match="dataset: 'data/x/' -> 'data/y'"):
+        check_resume(vars(saved), Config(dataset="data/y"), 1, 1, "sha256:aa", "sha256:bb")
+    forced = Config(dataset="data/y", force_resume=True, lr=1e-3)
+    check_resume(vars(saved), forced, 1, 1, "sha256:aa", "sha256:bb")
+    (warning,) = [r.getMessage() for r in caplog.records if "force_resume" in r.getMessage()]
+    assert "overrides 3 resume check(s)" in warning
+    assert "dataset: 'data/x/' -> 'data/y'" in warning and "lr: 0.0006 -> 0.001" in warning
+
+
 def counting_dataset(tmp_path, n=30000, shard_tokens=4096) -> TokenDataset:
     """Token i is i: a token's value is its position in the stream."""
     np.save(tmp_path / "ids.npy", np.arange(n))
-    tokens.write_token_dataset(
+    shards.write_token_dataset(
         tmp_path / "ids.npy", 2**16, tmp_path / "ds", shard_tokens=shard_tokens, min_val_tokens=2000
     )
     return TokenDataset.open(tmp_path / "ds")

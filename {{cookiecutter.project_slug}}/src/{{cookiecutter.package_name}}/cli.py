@@ -1,4 +1,5 @@
-"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|export|plot] ...`.
+"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|export|plot] ...`
+(and `train-tokenizer`).
 
 Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
 error, 1 any other failure (including a run directory held by another live job).
@@ -11,14 +12,23 @@ import logging
 import sys
 from pathlib import Path
 
-from . import arguments
+from . import arguments, hf_data
 from .config import ConfigError, load_config
 from .distributed import LaunchError, is_collective_timeout
 from .models import MODELS
 
 log = logging.getLogger(__package__)
 
-COMMANDS = ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot")
+COMMANDS = (
+    "train",
+    "benchmark",
+    "doctor",
+    "make-dataset",
+    "train-tokenizer",
+    "generate",
+    "export",
+    "plot",
+)
 PROG = f"python -m {__package__}"
 
 
@@ -77,6 +87,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)",
     )
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
+    hf_data.add_arguments(make, source)
     make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
     make.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
     make.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
@@ -85,6 +96,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--classes", type=int, help="MLP: number of classes (synthetic: 10; .npy: max label + 1)"
     )
     make.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
+    hf_data.add_train_tokenizer(sub)
     gen = sub.add_parser("generate", help="sample text from a run's newest checkpoint")
     gen.add_argument("run", metavar="run_dir=DIR", help="the run directory")
     gen.add_argument("--prompt", default="\n", help="text to continue")
@@ -93,6 +105,9 @@ def make_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=200)
     gen.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
+    )
     export = sub.add_parser("export", help="one unsharded model file from a run's checkpoint")
     export.add_argument("run", metavar="run_dir=DIR", help="the run directory")
     export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
@@ -108,15 +123,17 @@ def run_dir_argument(text: str) -> Path:
 
 
 def make_dataset(args: argparse.Namespace) -> int:
-    from . import tokens
+    from . import shards, tokens
 
-    if args.stdlib or args.text:
+    if args.hf:
+        index = hf_data.make_dataset(args)
+    elif args.stdlib or args.text:
         files = tokens.stdlib_files() if args.stdlib else args.text
-        index = tokens.write_text_dataset(files, args.out)
+        index = shards.write_text_dataset(files, args.out)
     elif args.tokens:
         if args.vocab_size is None:
             raise ConfigError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
-        index = tokens.write_token_dataset(args.tokens, args.vocab_size, args.out)
+        index = shards.write_token_dataset(args.tokens, args.vocab_size, args.out)
     else:
         return make_array_dataset(args)
     print(
@@ -147,6 +164,8 @@ def make_array_dataset(args: argparse.Namespace) -> int:
 def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "make-dataset":
         return make_dataset(args)
+    if args.command == "train-tokenizer":
+        return hf_data.train_tokenizer_command(args)
     if args.command == "doctor":
         from .doctor import main as doctor
 
@@ -162,6 +181,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             args.top_k,
             args.device,
             args.seed,
+            args.tokenizer,
         )
         print(text)
         return 0

@@ -239,9 +239,9 @@ def save_config(cfg: Config, path: Path) -> None:
     )
 
 
-def changed_keys(saved: dict, cfg: Config) -> list[str]:
+def changed_keys(saved: dict, cfg: Config, same_data: bool = False) -> list[str]:
     """`key: old -> new` for each resume-relevant key that differs (the keys of both models
-    when the model changed)."""
+    when the model changed). `same_data`: the dataset is the same whatever its path's spelling."""
     names = resume_keys(cfg)
     if saved.get("model") in MODELS and saved.get("model") != cfg.model:
         old = resume_keys(dataclasses.replace(cfg, model=saved["model"]))
@@ -249,7 +249,7 @@ def changed_keys(saved: dict, cfg: Config) -> list[str]:
     return [
         f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
         for key in names
-        if saved.get(key) != getattr(cfg, key)
+        if saved.get(key) != getattr(cfg, key) and not (key == "dataset" and same_data)
     ]
 
 
@@ -262,7 +262,12 @@ def refuse_or_warn(changed: list[str], cfg: Config, what: str) -> None:
             f"{message}. Either use a new run_dir, or restore the values to continue this run "
             "(force_resume=true continues anyway)."
         )
-    log.warning("%s. Continuing because force_resume=true.", message)
+    log.warning(
+        "force_resume=true overrides %d resume check(s) of %s: %s",
+        len(changed),
+        what,
+        "; ".join(changed),
+    )
 
 
 def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> None:
@@ -276,7 +281,13 @@ def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> N
     except ConfigError as err:  # the checkpoint's own record is still compared after loading
         log.warning("%s; comparing the config with the checkpoint's record instead", err)
         return
-    refuse_or_warn(changed_keys(saved, cfg), cfg, f"the run in {run_dir}")
+    # data/x/, ./data/x and /abs/data/x are one dataset (its contents are compared after loading)
+    same_data = same_path(saved.get("dataset"), cfg.dataset)
+    refuse_or_warn(changed_keys(saved, cfg, same_data), cfg, f"the run in {run_dir}")
+
+
+def same_path(a: object, b: str) -> bool:
+    return isinstance(a, str) and (a == b or Path(a).resolve() == Path(b).resolve())
 
 
 def check_resume(
@@ -292,7 +303,9 @@ def check_resume(
     A different world size is allowed (checkpoints reshard): the global batch then changes,
     which the log says.
     """
-    changed = changed_keys(saved, cfg)
+    # the same data under another spelling of its path (data/x/, ./data/x, absolute) is the same
+    same_data = bool(saved_fingerprint) and saved_fingerprint == fingerprint
+    changed = changed_keys(saved, cfg, same_data)
     if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
         changed.append(
             f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} "

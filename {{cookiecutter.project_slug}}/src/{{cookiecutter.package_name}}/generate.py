@@ -2,8 +2,9 @@
 checkpoint of a language-model run (any model whose spec's task generates), on CPU or GPU, in
 one process (a sharded checkpoint is read whole).
 
-Prompts and output are byte-level text, the tokenizer of `make-dataset --stdlib/--text`; a model
-trained on another tokenizer's ids needs that tokenizer to encode and decode (`spec.sample`).
+Prompts and output are encoded and decoded with the Hugging Face tokenizer the run's dataset was
+made with (`make-dataset --hf`, recorded in its index.json; `--tokenizer PATH` to choose one), and
+as bytes for byte-level datasets (`make-dataset --stdlib/--text`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from . import tokens
 from .checkpoint import load_model_state
 from .config import Config, ConfigError
 from .data import DataInfo
 from .models import spec_of
 from .models.spec import sample
+from .tokenizer import text_codec
 
 
 def saved_config(values: dict) -> Config:
@@ -43,6 +44,7 @@ def generate(
     top_k: int | None = 200,
     device: str = "auto",
     seed: int = 0,
+    tokenizer: Path | None = None,
 ) -> str:
     if n_tokens < 1 or temperature < 0 or (top_k is not None and top_k < 1):
         raise ConfigError("generate needs --tokens >= 1, --temperature >= 0 and --top-k >= 1")
@@ -54,15 +56,24 @@ def generate(
             f"{run_dir} trained model={cfg.model!r}, a {spec.task.name}; generate needs a "
             "language model"
         )
-    model = spec.build(cfg, saved_data_info(values, state))
+    info = saved_data_info(values, state)
+    model = spec.build(cfg, info)
     model.load_state_dict(state)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     target = torch.device("cuda" if use_cuda else "cpu")
     model.to(target).eval()
-    context = torch.from_numpy(tokens.encode_bytes(prompt).astype("int64"))[None].to(target)
+    codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
+    context = torch.tensor([codec.encode(prompt)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
-    # byte-level tokens: only ids 0-255 are text (the rest is padding of the vocabulary)
+    # only the tokenizer's ids are text (the rest is padding of the vocabulary)
     out = sample(
-        model, context, n_tokens, spec.context_length(cfg), temperature, top_k, generator, 256
+        model,
+        context,
+        n_tokens,
+        spec.context_length(cfg),
+        temperature,
+        top_k,
+        generator,
+        codec.vocab_size,
     )
-    return tokens.decode_bytes(out[0].tolist())
+    return codec.decode(out[0].tolist())

@@ -1,0 +1,177 @@
+"""Hugging Face tokenizers (the optional `[data]` extra): load a `tokenizer.json`, find its
+end-of-document token, and train a byte-level BPE on your own text (`train-tokenizer`).
+
+`import tokenizers` happens inside the functions: the package runs on torch and numpy alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+from .shards import describe, file_sha256
+from .tokens import BYTE_VOCAB, MAX_VOCAB, DatasetError, decode_bytes, encode_bytes, read_index
+
+TOKENIZER_FILE = "tokenizer.json"
+# End-of-document tokens of common tokenizers, tried in this order when the tokenizer's own
+# tokenizer_config.json (next to tokenizer.json) names no eos_token: GPT-2/Qwen, Llama 3,
+# Llama 2/Mistral, Gemma.
+SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+BPE_SEPARATOR = "<|endoftext|>"  # the one special token of train-tokenizer's BPE (id 0)
+
+
+def require(module: str):
+    """Import an optional dependency, or fail with one line that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DatasetError(
+            f"this needs the optional package `{module}`: pip install -e '.[data]' "
+            "(installs datasets and tokenizers)"
+        ) from None
+
+
+def tokenizer_file(path: Path) -> Path:
+    """A tokenizer.json file, or a pretrained directory holding one."""
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.is_file():
+        where = f"{path}: no {TOKENIZER_FILE} in this directory" if path.is_dir() else f"{path}"
+        raise DatasetError(
+            f"{where}: not found; give a Hugging Face tokenizer.json or a directory holding one "
+            "(a tokenizer saved only as a SentencePiece model must be converted first)"
+        )
+    return file
+
+
+def load_tokenizer(path: Path):
+    """(the `tokenizers.Tokenizer`, its tokenizer.json path)."""
+    file = tokenizer_file(path)
+    tokenizers = require("tokenizers")
+    try:
+        return tokenizers.Tokenizer.from_file(str(file)), file
+    except Exception as err:  # the Rust side raises plain Exception for a bad file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DatasetError(f"{file}: not a readable tokenizer.json: {first}") from None
+
+
+def vocabulary_size(tokenizer) -> int:
+    """Ids run from 0 to the largest id of the vocabulary and the added tokens."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+
+
+def document_separator(tokenizer, file: Path, name: str | None = None) -> tuple[str, int]:
+    """(token, id) written after every document: `name` if given, else the eos_token of the
+    tokenizer_config.json beside `file`, else the first of SEPARATORS the vocabulary has."""
+    if name is None:
+        config = Path(file).parent / "tokenizer_config.json"
+        try:
+            eos = json.loads(config.read_text()).get("eos_token")
+            name = eos.get("content") if isinstance(eos, dict) else eos
+        except (OSError, ValueError, AttributeError):
+            name = None
+    candidates = [name] if name else list(SEPARATORS)
+    for token in candidates:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return token, int(token_id)
+    if name:
+        raise DatasetError(f"{file}: the end-of-document token {name!r} is not in the vocabulary")
+    raise DatasetError(
+        f"{file}: defines none of the usual end-of-document tokens {list(SEPARATORS)}; "
+        "name the token that ends a document with --separator TOKEN"
+    )
+
+
+def train_tokenizer(files: list[Path], vocab_size: int, out: Path) -> int:
+    """Train a byte-level BPE (GPT-2 style: any text, no unknown tokens) of `vocab_size` ids on
+    the text files, with `<|endoftext|>` as id 0, and save it to `out` atomically. Returns the
+    vocabulary size reached (smaller when the text has too few distinct merges)."""
+    if not 257 <= vocab_size <= MAX_VOCAB:
+        raise DatasetError(
+            f"--vocab-size {vocab_size}: a byte-level BPE needs at least 257 ids "
+            "(256 bytes and the end-of-document token)"
+        )
+    for path in files:
+        if not Path(path).is_file():
+            raise DatasetError(f"{path}: cannot read: not a file")
+    tokenizers = require("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_SEPARATOR],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    try:
+        tokenizer.train([str(f) for f in files], trainer)
+    except Exception as err:  # e.g. a file that is not UTF-8 text
+        raise DatasetError(f"train-tokenizer: cannot train on {describe(files)}: {err}") from None
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(tmp))
+        os.replace(tmp, out)
+    except Exception as err:  # OSError, or the Rust side's plain Exception for a failed write
+        tmp.unlink(missing_ok=True)
+        raise DatasetError(
+            f"{out}: cannot write: {getattr(err, 'strerror', None) or err}"
+        ) from None
+    return tokenizer.get_vocab_size()
+
+
+def decode(tokenizer, ids) -> str:
+    """Ids -> text, special tokens (the document ends) kept visible."""
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+class TextCodec:
+    """Text <-> ids for `generate`: the Hugging Face tokenizer a dataset was made with, or bytes.
+    `vocab_size` limits sampling to real ids (the model's vocabulary is padded)."""
+
+    def __init__(self, tokenizer=None, separator: int = 0):
+        self.tokenizer, self.separator = tokenizer, separator
+        self.vocab_size = vocabulary_size(tokenizer) if tokenizer is not None else BYTE_VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            ids = encode_bytes(text).tolist()
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids or [self.separator]  # an empty prompt starts a new document
+
+    def decode(self, ids) -> str:
+        return decode_bytes(ids) if self.tokenizer is None else decode(self.tokenizer, ids)
+
+
+def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
+    """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
+    else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""
+    if tokenizer_path is not None:
+        return TextCodec(load_tokenizer(tokenizer_path)[0])
+    directory = Path(dataset)
+    if dataset != "synthetic" and not (directory / "index.json").is_file():
+        if model_vocab > BYTE_VOCAB:  # not a byte model: bytes would decode nonsense
+            raise DatasetError(
+                f"{directory}: the run's dataset is not here to give its tokenizer (run from the "
+                "directory you trained in, or pass --tokenizer PATH)"
+            )
+        return TextCodec()
+    if dataset == "synthetic":
+        return TextCodec()
+    index = read_index(directory)
+    recorded = index.get("tokenizer_file")
+    if index.get("tokenizer") != "huggingface" or not recorded:
+        return TextCodec()
+    file = directory / recorded["name"]
+    if file.is_file() and file_sha256(file) != recorded["sha256"]:
+        raise DatasetError(f"{file}: changed since the dataset was written (sha256 differs)")
+    tokenizer, _ = load_tokenizer(file)
+    return TextCodec(tokenizer, int(index.get("document_end") or 0))
