@@ -12,10 +12,13 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
+
 from . import arguments, hf_data
 from .config import ConfigError, load_config
 from .distributed import LaunchError, is_collective_timeout
 from .models import MODELS
+from .rundir import os_error_text
 
 log = logging.getLogger(__package__)
 
@@ -232,12 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:
-        if args.command in ("train", "benchmark") and is_collective_timeout(err):
+        if out_of_memory(err):
+            print(
+                f"{PROG} {args.command}: error: out of memory ({first_line(err)}): lower "
+                "batch_size (raise grad_accum_steps to keep the global batch), or use "
+                "activation_checkpointing=true / parallelism=fsdp",
+                file=sys.stderr,
+            )
+        elif args.command in ("train", "benchmark") and is_collective_timeout(err):
             logging.getLogger(__package__).error(
                 "a collective did not complete within dist_timeout_s: another rank is hung or "
                 "dead (its own lines say which); ending instead of holding the nodes (%s)",
-                str(err).strip().splitlines()[0],
+                first_line(err),
             )
+        elif isinstance(err, OSError):  # ENOSPC, EACCES, EROFS, a file where a folder belongs
+            print(f"{PROG} {args.command}: error: {os_error_text(err)}", file=sys.stderr)
         elif args.command in ("train", "benchmark"):
             logging.getLogger(__package__).exception("failed")
         else:  # a one-line error for the small commands
@@ -246,3 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         logging.getLogger(__package__).exception("failed")
         return 1
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """A GPU (torch.OutOfMemoryError) or CPU allocation that failed."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

@@ -48,6 +48,13 @@ def generate(
 ) -> str:
     if n_tokens < 1 or temperature < 0 or (top_k is not None and top_k < 1):
         raise ConfigError("generate needs --tokens >= 1, --temperature >= 0 and --top-k >= 1")
+    if not prompt:
+        raise ConfigError("generate needs a --prompt of at least one character to continue")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "--device cuda: no GPU is usable here (torch "
+            f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu"
+        )
     values, state = load_model_state(Path(run_dir))
     cfg = saved_config(values)
     spec = spec_of(cfg)
