@@ -76,7 +76,13 @@ def test_another_model_or_size_on_an_existing_run_is_refused_before_loading(
     run_dir = tmp_path / "run"
     argv = [*TINY, f"run_dir={run_dir}", "max_steps=2", "checkpoint_every=2", "eval_every=0"]
     assert main(argv) == 0
-    markers = sorted(p.stat().st_mtime_ns for p in run_dir.rglob("*"))
+
+    def files() -> dict:  # every file's time and size (folders change: the lock, write probes)
+        return {
+            p: (p.stat().st_mtime_ns, p.stat().st_size) for p in run_dir.rglob("*") if p.is_file()
+        }
+
+    before = files()
     for changed, shown in [
         ([*argv, "n_layer=3", "n_head=4"], "n_layer: 0 -> 3; n_head: 0 -> 4"),
         ([*argv, "preset=gpt2-124m", "n_embd=0", "block_size=0"], "preset: 'tiny' -> 'gpt2-124m'"),
@@ -88,4 +94,4 @@ def test_another_model_or_size_on_an_existing_run_is_refused_before_loading(
         (line,) = [line for line in err.splitlines() if "error" in line]
         assert shown in line and "new run_dir" in line and "restore the values" in line
         assert "Traceback" not in err and "mismatch" not in err.lower()
-    assert sorted(p.stat().st_mtime_ns for p in run_dir.rglob("*")) == markers  # untouched
+    assert files() == before  # no file of the run was touched
