@@ -36,6 +36,8 @@ def load_model_state(run_dir: Path) -> tuple[dict, dict]:
     """(saved config, full unsharded model state dict on CPU) from the newest complete and
     verified checkpoint of `run_dir` (or from the checkpoint directory `run_dir`). One process,
     no process group needed, whatever the number of ranks that wrote it."""
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
     candidates = _find_checkpoint(run_dir)
     if not candidates:
         raise CheckpointError(f"no complete checkpoint in {run_dir}")
