@@ -601,8 +601,9 @@ def _kill_pid_file(pid_file: Path, name: str, timeout: float = 15) -> None:
     pid_file.unlink(missing_ok=True)
 
 
-def main(argv: list[str]) -> int:
-    harness = SlurmHarness()
+def main(argv: list[str], harness: SlurmHarness | None = None, usage: str = __doc__) -> int:
+    """`start|stop|status` by hand, for this harness or another one (tests/slurm/two_node.py)."""
+    harness = harness if harness is not None else SlurmHarness()
     action = argv[1] if len(argv) > 1 else "status"
     if action == "start":
         try:
@@ -618,7 +619,7 @@ def main(argv: list[str]) -> int:
     elif action == "status":
         print("up" if harness.is_up() else "down")
     else:
-        print(__doc__, file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     return 0
 

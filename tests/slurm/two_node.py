@@ -41,10 +41,12 @@ from pathlib import Path
 
 if __package__:  # imported by the tests as slurm.two_node: share slurm.harness's classes
     from .harness import HarnessUnavailable, SlurmHarness, _kill_pid_file
+    from .harness import main as harness_main
     from .harness import unavailable_reason as single_node_unavailable_reason
 else:  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from harness import HarnessUnavailable, SlurmHarness, _kill_pid_file
+    from harness import main as harness_main
     from harness import unavailable_reason as single_node_unavailable_reason
 
 STATE_DIR = Path(os.environ.get("ALPS_SLURM_2NODE_STATE_DIR", "/tmp/alps-slurm-2node"))
@@ -235,25 +237,7 @@ def _ip(*args: str, check: bool = True, quiet: bool = False) -> None:
 
 
 def main(argv: list[str]) -> int:
-    cluster = TwoNodeHarness()
-    action = argv[1] if len(argv) > 1 else "status"
-    if action == "start":
-        try:
-            cluster.start()
-        except HarnessUnavailable as exc:
-            print(f"unavailable: {exc}", file=sys.stderr)
-            return 2
-        (cluster.state_dir / "keep").touch()  # test sessions leave it running
-        print(f"export SLURM_CONF={cluster.conf}")
-    elif action == "stop":
-        (cluster.state_dir / "keep").unlink(missing_ok=True)
-        cluster._stop_daemons_from_pid_files()
-    elif action == "status":
-        print("up" if cluster.is_up() else "down")
-    else:
-        print(__doc__, file=sys.stderr)
-        return 2
-    return 0
+    return harness_main(argv, TwoNodeHarness(), __doc__)
 
 
 if __name__ == "__main__":
