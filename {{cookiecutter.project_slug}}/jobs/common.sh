@@ -77,7 +77,7 @@ export MASTER_ADDR MASTER_PORT
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"
 # CPU threads per rank: the package sets them from SLURM_CPUS_PER_TASK (config key cpu_threads).
 # CSCS's PyTorch guide: on a NCCL error or watchdog timeout abort the communicators and end the
-# process, so a failed collective ends the job instead of hanging (set here only, for both flavours).
+# process, so a failed collective ends the job instead of hanging (set here only, for every job script).
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export MPICH_GPU_SUPPORT_ENABLED=0        # GPU-aware Cray MPICH next to NCCL can deadlock; some clusters default to 1
 export PYTHONUNBUFFERED=1
@@ -107,7 +107,7 @@ all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m torch
 all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }} "$@"'
 {%- endif %}
 
-# NSYS=1 runs {% if torchrun %}node 0's torchrun (its workers, ranks 0-3, with it){% else %}rank 0{% endif %} of the training step under Nsight Systems, NSYS=all every
+# NSYS=1 profiles the training step of {% if torchrun %}node 0 (its torchrun and the workers it starts){% else %}rank 0{% endif %} with Nsight Systems, NSYS=all of every
 # {{ unit }}: CSCS profiles by wrapping the program in `nsys profile` (nsys comes with CUDA: NGC
 # images, uenvs with a CUDA compiler). One report per profiled {{ unit }} in <RUN_DIR>/nsys/; open it
 # in the Nsight Systems GUI (nsys-ui) or summarise it with `nsys stats`. Meant for short runs.
