@@ -5,11 +5,13 @@ node shaped like an Alps GH200 node, and a SPANK plugin (tests/slurm/alps_spank.
 --uenv/--view/--environment and records what each job step asked for. Nothing is mounted and no
 container starts: every step runs the repo's venv on this machine's python3 (CPU, gloo).
 
-Coverage: container+srun and uenv+torchrun are preempted (USR2 -> checkpoint -> scontrol requeue ->
-resume -> COMPLETED); uenv+srun and container+torchrun (Alps Extended Image: --mpi=pmix) run to
-completion after the doctor; a failing doctor stops the job; one rank raising an error ends the
-job FAILED (srun and torchrun), and so does one SIGSTOPped rank, after dist_timeout_s; a 2-task
-job array is preempted and each task resumes its own run.
+Coverage (one job per behaviour; tests/test_slurm_two_node.py adds what needs two hosts:
+srun DDP preempted and resumed bit-exactly, torchrun FSDP after the doctor, a lost node):
+uenv+srun runs to completion after the doctor and makes the dataset; a failing doctor stops the
+job; the Alps Extended container+torchrun script (--mpi=pmix) is preempted (USR2 -> checkpoint
+-> scontrol requeue -> resume -> COMPLETED); a 2-task uenv+srun job array is preempted and each
+task resumes its own run; one rank raising an error ends the job FAILED (srun and torchrun), and
+so does one SIGSTOPped rank, after dist_timeout_s.
 Select with `-m slurm`, deselect with `-m "not slurm"`. Runs as root; skips (with the reason)
 where Slurm cannot start, unless ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
@@ -390,53 +392,14 @@ def test_spank_options_reach_the_steps(slurm, tmp_path):
     assert bad.returncode != 0 and "--view=default given without --uenv" in bad.stderr
 
 
-REQUEUE_SCRIPT = """\
-#!/bin/bash
-#SBATCH --job-name=requeue-check
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=288
-#SBATCH --time=00:05:00
-#SBATCH --signal=USR2@180
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output=%x-%j.log
-set -euo pipefail
-echo "start restart=${SLURM_RESTART_COUNT:-unset} end_time=${SLURM_JOB_END_TIME:-unset}"
-if [[ ${SLURM_RESTART_COUNT:-0} -eq 0 ]]; then
-    scontrol requeue "${SLURM_JOB_ID}"
-    sleep 60
-    echo "not requeued"
-fi
-echo "done"
-"""
-
-
-def test_a_job_can_requeue_itself(slurm, tmp_path):
-    """JobRequeue works, scontrol requeue from inside the job, the log is appended to."""
-    (tmp_path / "job.sbatch").write_text(REQUEUE_SCRIPT)
-    job_id = slurm.sbatch("job.sbatch", cwd=tmp_path)
-    job = slurm.wait(job_id, until={"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
-    log = (tmp_path / f"requeue-check-{job_id}.log").read_text()
-    assert job.state == "COMPLETED" and job.restarts == 1, slurm.diagnostics(job_id)
-    starts = re.findall(r"^start restart=(\S+)", log, re.MULTILINE)
-    assert starts == ["unset", "1"], log
-    assert "not requeued" not in log and log.rstrip().endswith("done")
-
-
 # ------------------------------------------------------------ generated repos, end to end
 
 
-@pytest.mark.parametrize(
-    ("name", "flavour"),
-    [
-        pytest.param("both-extended-srun", "uenv", id="uenv-srun"),
-        pytest.param("container-extended-torchrun", "container", id="container-torchrun-pmix"),
-    ],
-)
-def test_job_trains_and_completes(slurm, repo, tmp_path, dataset, name, flavour):
-    """configs/tiny.toml to the end; the dataset is made by the first job that needs it and the
-    doctor checks all ranks first (srun and torchrun launch it as they launch training)."""
-    target = repo(name, flavour)
+def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
+    """uenv + srun, configs/tiny.toml to the end; the dataset is made by the first job that needs
+    it and the doctor checks all ranks first. (torchrun after the doctor: the two-node module;
+    the Alps Extended torchrun script to its end: the preemption test below.)"""
+    target = repo("both-extended-srun", "uenv")
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
     shape = DOCTOR_SHAPE[target.launcher]
     sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
@@ -451,6 +414,7 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset, name, flavour)
         doctor_line = f"doctor: {sub.ranks} rank(s) on 1 node(s)"
         assert doctor_line in text and "doctor: 0 FAIL" in text, text[-3000:]
         assert text.index(doctor_line) < text.index("training finished")
+        assert "old spelling" not in text, "the job script calls a command the old way"
         resolved = tomllib.loads((sub.run_dir / "config.toml").read_text())
         assert resolved["dataset"] == str(dataset) and resolved["preset"] == "tiny"
         check_log_path(sub, job)
@@ -466,7 +430,7 @@ def test_a_failing_doctor_stops_the_job(slurm, repo, tmp_path, dataset):
     target = repo("both-extended-srun", "uenv")
     not_a_dir = tmp_path / "not-a-directory"
     not_a_dir.write_text("")
-    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": f"--device cpu --data-dir {not_a_dir}"}
+    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": f"--device cpu data_dir={not_a_dir}"}
     shape = DOCTOR_SHAPE[target.launcher]
     sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
     with explained(sub):
@@ -477,6 +441,7 @@ def test_a_failing_doctor_stops_the_job(slurm, repo, tmp_path, dataset):
         assert re.search(r"FAIL +data_dir .*not-a-directory", text), text[-3000:]
         assert "error: the doctor found a problem" in text and "DOCTOR=0" in text
         assert "starting a new run" not in text and "training finished" not in text
+        assert "old spelling" not in text
 
 
 # 40-70 ms a step here: the signal, sent once step 10 is logged, lands well before the end

@@ -144,7 +144,7 @@ fi
 if [[ "${DOCTOR:-1}" != 0 ]]; then
     read -r -a doctor_args <<< "${DOCTOR_ARGS:-}"  # extra options, e.g. DOCTOR_ARGS="--device cpu"
     if ! srun "${srun_args[@]}" bash -c "profile=(); ${all_ranks}" bash doctor --quick \
-        --run-dir "${RUN_DIR}" --data-dir "${DATA_DIR}" "${doctor_args[@]}"; then
+        "run_dir=${RUN_DIR}" "data_dir=${DATA_DIR}" "${doctor_args[@]}"; then
         echo "error: the doctor found a problem (the FAIL lines above); nothing was trained." \
             "Fix it, or submit with DOCTOR=0 to skip the check." >&2
         exit 1
