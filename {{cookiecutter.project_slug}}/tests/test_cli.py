@@ -1,6 +1,10 @@
 """Command line: benchmark JSON line, plots, metrics records."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY
@@ -94,6 +98,27 @@ def test_help_lists_the_subcommands(capsys):
     out = capsys.readouterr().out
     for name in ("train", "benchmark", "doctor", "make-dataset", "generate", "export", "plot"):
         assert name in out
+
+
+def test_commands_that_do_not_train_start_without_distributed_checkpointing(tmp_path):
+    """doctor, make-dataset and --help run on every node or often: they do not import torch's
+    distributed checkpointing (about a second a process), which only training needs."""
+    probe = (
+        "import sys\n"
+        "from {{ cookiecutter.package_name }}.cli import main\n"
+        "for argv in (['--help'], ['doctor', '--help'], ['make-dataset', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]
 
 
 def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):

@@ -218,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments.parse(make_parser(), argv)  # any order; older spellings too
     if not logging.getLogger(__package__).handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from .checkpoint import CheckpointError
     from .rundir import RunDirError
     from .tokens import DatasetError
     from .tracking import TrackerError
@@ -231,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as err:
         print(f"{PROG} {args.command}: dataset error: {err}", file=sys.stderr)
         return 2
-    except (LaunchError, RunDirError, TrackerError, CheckpointError) as err:
+    except (LaunchError, RunDirError, TrackerError) as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:
-        if out_of_memory(err):
+        if isinstance(err, checkpoint_error()):  # a RuntimeError: a checkpoint that cannot be used
+            print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        elif out_of_memory(err):
             print(
                 f"{PROG} {args.command}: error: out of memory ({first_line(err)}): lower "
                 "batch_size (raise grad_accum_steps to keep the global batch), or use "
@@ -258,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         logging.getLogger(__package__).exception("failed")
         return 1
+
+
+def checkpoint_error() -> type[Exception]:
+    """The checkpoint package's error, imported only once something has failed: the package
+    loads torch's distributed checkpointing (about a second), which only training needs."""
+    from .checkpoint import CheckpointError
+
+    return CheckpointError
 
 
 def out_of_memory(err: BaseException) -> bool:
