@@ -73,7 +73,8 @@ if [[ -n "${VIRTUAL_ENV:-}" ]]; then
     echo "error: a venv is active (VIRTUAL_ENV=${VIRTUAL_ENV}): the new venv would see the base interpreter's torch, not that venv's. Run 'deactivate' first." >&2
     exit 2
 fi
-if ! python3 -c "import torch" 2>/dev/null; then
+# find_spec, not import: importing torch takes seconds (more on a login node's file system)
+if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
     echo "error: $(command -v python3) has no torch: the venv layers on the environment's torch (off Alps: install torch for this python3 first)" >&2
     exit 2
 fi
@@ -87,7 +88,15 @@ fi
 python3 -m venv --system-site-packages "${venv}"
 # Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI):
 # pip then cannot replace it with a generic wheel from PyPI.
-"${venv}/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "${venv}/torch-constraint.txt"
+# The installed distribution's version is what pip compares with (and reading it imports nothing).
+"${venv}/bin/python" - > "${venv}/torch-constraint.txt" <<'PY'
+from importlib import metadata
+try:
+    print("torch==" + metadata.version("torch"))
+except metadata.PackageNotFoundError:  # a torch without package metadata: its own version
+    import torch
+    print("torch==" + torch.__version__)
+PY
 "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable '.[dev]'
 "${venv}/bin/python" - <<'PY'
 import sys
