@@ -106,6 +106,15 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **k
     return proc
 
 
+# The longest single test goes first: pytest-xdist hands the real-Slurm group (the most tests)
+# to one worker and this to the other, and the rest fill in around them.
+LONGEST = "tests/test_training_package.py::test_generated_test_suite_passes"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid != LONGEST)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def bake(cookies_session):
     """bake(name) -> Path of the generated repo for CONFIGS[name], baked once per session."""

@@ -202,7 +202,9 @@ def expected_line(field: str, value: str) -> str:
 def hooks(tmp_path_factory) -> tuple:
     """(pre_prompt, pre_gen_project): the template's two answer-checking hooks, imported."""
     directory = tmp_path_factory.mktemp("hooks")
-    spec = importlib.util.spec_from_file_location("pre_prompt", TEMPLATE_DIR / "hooks" / "pre_prompt.py")
+    spec = importlib.util.spec_from_file_location(
+        "pre_prompt", TEMPLATE_DIR / "hooks" / "pre_prompt.py"
+    )
     pre_prompt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pre_prompt)  # run as it is: cookiecutter does not render this hook
     return pre_prompt, load_hook(directory, "pre_gen_project", answers("default"))

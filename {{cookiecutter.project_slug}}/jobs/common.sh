@@ -90,7 +90,8 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # torchrun forwards these signals to its workers (torch >= 2.9, its --signals-to-handle option,
 # read from PET_SIGNALS_TO_HANDLE; TORCHELASTIC_SIGNALS_TO_HANDLE is overwritten by the launcher).
 # Older torchrun ignores it and dies on USR2, keeping only the periodic checkpoints: use the
-# srun launcher there.
+# srun launcher there. After forwarding, torchrun itself ends with a SignalException traceback
+# in the log: expected; the REQUEUE marker below is what says the checkpoint was written.
 export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 # All ranks: one torchrun per node starts one worker per GPU. exec hands the signals from Slurm
 # to torchrun directly.
