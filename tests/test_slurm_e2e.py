@@ -39,9 +39,8 @@ from slurm.harness import (
     unavailable_reason,
 )
 
-# one pytest-xdist worker runs every real-Slurm test (this module and the two-node one, which
-# shares its fixtures): one cluster at a time, and the repos' venvs made once
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm"), pytest.mark.timeout(900)]
+# one pytest-xdist worker runs this module and the two-node one (tests/conftest.py)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 # ---------------------------------------------------------------------------------------------
 # The ONLY departures from "submit the generated script as generated", each because it cannot

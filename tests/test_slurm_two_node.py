@@ -40,7 +40,7 @@ from test_slurm_e2e import (
 )
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm"), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 # srun: one task per node (one GPU each). Two ranks: a sum of two values does not depend on
 # the order of the addition, so a resumed run can be compared with an uninterrupted one bit for
