@@ -41,6 +41,20 @@ def test_unknown_key_names_it_and_lists_accepted_keys():
 
 
 @pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("max_step", "max_steps"), ("Batch-Size", "batch_size"), ("learning_rate", None)],
+)
+def test_unknown_key_suggests_the_closest_ones(typed, meant):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"{typed}=3"])
+    hint = str(error.value).split("accepted keys:")[0]
+    if meant:
+        assert f"did you mean {meant}" in hint, hint
+    else:  # no near spelling: no guess
+        assert "did you mean" not in hint, hint
+
+
+@pytest.mark.parametrize(
     ("override", "message"),
     [
         ("max_steps=ten", r"'max_steps' expects an integer"),

@@ -9,6 +9,7 @@ the table of keys in `docs/training.md` (`docs_table`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import sys
 from collections.abc import Sequence
@@ -152,7 +153,9 @@ Config.__doc__ = "The values of every config key (see KEYS for their declaration
 def parse_value(key: str, value: Any) -> Any:
     """Convert a TOML value or a command-line string to the type of key `key`, checked."""
     if key not in KEYS:
-        raise ConfigError(f"unknown config key {key!r}; accepted keys: {', '.join(KEYS)}")
+        close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=3, cutoff=0.7)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ConfigError(f"unknown config key {key!r}; {hint}accepted keys: {', '.join(KEYS)}")
     return KEYS[key].parse(value)
 
 
