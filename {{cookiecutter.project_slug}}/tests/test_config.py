@@ -42,12 +42,18 @@ def test_unknown_key_names_it_and_lists_accepted_keys():
 
 @pytest.mark.parametrize(
     ("typed", "meant"),
-    [("max_step", "max_steps"), ("Batch-Size", "batch_size"), ("learning_rate", None)],
+    [
+        ("max_step", "max_steps"),
+        ("Batch-Size", "batch_size"),
+        ("learning_rate", None),
+        ("x" * 100_000, None),
+    ],
 )
 def test_unknown_key_suggests_the_closest_ones(typed, meant):
     with pytest.raises(ConfigError) as error:
         load_config(None, [f"{typed}=3"])
     hint = str(error.value).split("accepted keys:")[0]
+    assert len(hint) < 200, "a very long key is shown cut, with its length"
     if meant:
         assert f"did you mean {meant}" in hint, hint
     else:  # no near spelling: no guess

@@ -155,7 +155,8 @@ def parse_value(key: str, value: Any) -> Any:
     if key not in KEYS:
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=3, cutoff=0.7)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise ConfigError(f"unknown config key {key!r}; {hint}accepted keys: {', '.join(KEYS)}")
+        name = repr(key) if len(key) <= 80 else f"{key[:60]!r}... ({len(key)} characters)"
+        raise ConfigError(f"unknown config key {name}; {hint}accepted keys: {', '.join(KEYS)}")
     return KEYS[key].parse(value)
 
 
