@@ -18,6 +18,10 @@ from types import ModuleType
 import pytest
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+# cookiecutter.json's Jinja extension (alps_torch_template_guard.py) is imported from the template
+# directory, which cookiecutter and cruft put on sys.path while they render; the tests that
+# render answers in this process (prompt_for_config) do the same.
+sys.path.append(str(TEMPLATE_DIR))
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
 # and uenv part x {srun, torchrun}; ci github (default), gitlab and none.

@@ -255,6 +255,47 @@ def test_link_project_generated_with_plain_cookiecutter(
     assert cruft(project, env, "check").returncode == 0
 
 
+def test_jinja_answers_through_cruft_run_nothing(
+    tmp_path: Path, template: Path, env: dict[str, str]
+):
+    """An answer is data under cruft too: a Jinja payload given to `cruft create --extra-context`,
+    or written into a project's .cruft.json (anyone who can commit to the project can) before
+    `cruft update`, is never evaluated: no file is created, the answer is refused."""
+    marker = tmp_path / "pwned"
+    payload = "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"
+    out = tmp_path / "projects"
+    out.mkdir()
+    given = json.dumps({"description": payload, "git_init": False})
+    created = cruft(
+        out, env, "create", "--no-input", "--extra-context", given, str(template), check=False
+    )
+    assert created.returncode != 0 and not marker.exists()
+    assert "answers are data, not templates" in created.stdout + created.stderr
+    assert list(out.iterdir()) == []
+
+    cruft(
+        out,
+        env,
+        "create",
+        "--no-input",
+        "--extra-context",
+        json.dumps({"git_init": False, "ci": "none"}),
+        str(template),
+    )
+    project = out / SLUG
+    state = json.loads((project / ".cruft.json").read_text())
+    state["context"]["cookiecutter"]["description"] = payload
+    (project / ".cruft.json").write_text(json.dumps(state))
+    git(project, env, "init", "--quiet", "--initial-branch=main")
+    git(project, env, "add", "--all")
+    git(project, env, "commit", "--quiet", "--no-verify", "-m", "A colleague's .cruft.json")
+    commit_template_v2(template, env)
+    updated = cruft(project, env, "update", "--skip-apply-ask", check=False)
+    assert not marker.exists(), updated.stdout + updated.stderr
+    assert updated.returncode != 0
+    assert "answers are data, not templates" in updated.stdout + updated.stderr
+
+
 def load_post_gen_hook(tmp_path: Path, answers: dict) -> ModuleType:
     """hooks/post_gen_project.py rendered for `answers` and imported (main() does not run)."""
     return load_hook(tmp_path, "post_gen_project", answers)
