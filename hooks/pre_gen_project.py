@@ -3,12 +3,12 @@
 Choice and yes/no answers given on the command line are checked earlier, by hooks/pre_prompt.py
 (cookiecutter checks them itself, with a traceback, before this hook runs).
 
-What this hook can and cannot guarantee: cookiecutter renders every answer with Jinja
-(prompted or given as `key=value` with --no-input) BEFORE any hook runs, so an answer that is
-a Jinja expression has already been evaluated when it arrives here. This hook refuses answers
-that still carry template syntax afterwards, and checks every answer against the form the
-generated files need (ASCII patterns, a length limit per field, no path that would mount or
-stripe `/`, `/users`, a home directory or a shared file-system root).
+cookiecutter renders every answer with Jinja (prompted or given as `key=value` with
+--no-input) before any hook runs; the template's Jinja extension (alps_torch_template_guard.py,
+loaded through cookiecutter.json's `_extensions`) hands an answer with Jinja syntax over
+literally, never evaluated, and this hook refuses it ("no template syntax"). It checks every
+answer against the form the generated files need (ASCII patterns, a length limit per field, no
+path that would mount or stripe `/`, `/users`, a home directory or a shared file-system root).
 
 On failure it prints one line per bad answer (field, value, accepted form) and exits 1;
 cookiecutter then removes the project directory (and, for a slug with '/', a child process
@@ -156,12 +156,34 @@ PATTERNS |= {
     ),
 }
 
-# Installing the project must not shadow or overwrite a module the job needs: the standard
-# library, and what the NGC PyTorch image and the PyTorch uenv bring (pip install -e puts the
-# package on sys.path next to them). Also the generated repository's own top-level directories.
+# Installing the project must not shadow or overwrite a module the job needs (pip install -e
+# puts the package on sys.path next to them): the standard library; every module that torch and
+# the package's dependencies and extras install (derived, not typed: the block below is written
+# by tests/shadowed_names.py, and tests/test_validation.py fails when it misses one); what the
+# NGC PyTorch image and the PyTorch uenv bring beyond that, which no test here can list (typed);
+# and the generated repository's own top-level directories.
+# BEGIN derived by tests/shadowed_names.py --write (torch + every extra)
+# fmt: off
+DEPENDENCY_MODULES = frozenset({
+    "_distutils_hack", "_multiprocess", "_pytest", "_xxhash", "_yaml", "absl", "annotated_types",
+    "anyio", "certifi", "cfgv", "charset_normalizer", "click", "contourpy",
+    "coreweave_evaluations", "cycler", "datasets", "dateutil", "dill", "distlib", "distro",
+    "filelock", "fontTools", "fsspec", "functorch", "google", "grpc", "h11", "hf_xet", "httpcore",
+    "httpcore2", "httpx", "httpx2", "huggingface_hub", "identify", "idna", "iniconfig", "isympy",
+    "jinja2", "kiwisolver", "markdown", "markupsafe", "matplotlib", "mpl_toolkits", "mpmath",
+    "multiprocess", "networkx", "nodeenv", "numpy", "opentelemetry", "packaging", "pandas", "PIL",
+    "platformdirs", "pluggy", "pre_commit", "py", "pyarrow", "pydantic", "pydantic_core",
+    "pygments", "pylab", "pyparsing", "pytest", "python_discovery", "requests", "safetensors",
+    "setuptools", "six", "sniffio", "sympy", "tensorboard", "tensorboard_data_server",
+    "tokenizers", "torch", "torchgen", "tqdm", "truststore", "typing_extensions",
+    "typing_inspection", "urllib3", "virtualenv", "wandb", "werkzeug", "xxhash", "yaml",
+})
+# fmt: on
+# END derived
 SHADOWED_MODULES = frozenset(
     {
         *getattr(sys, "stdlib_module_names", ()),
+        *DEPENDENCY_MODULES,
         *("test", "tests", "conftest", "src", "tools", "scripts", "docs", "configs", "jobs"),
         *("pip", "setuptools", "pkg_resources", "wheel", "distutils", "_distutils_hack"),
         *("pytest", "_pytest", "pluggy", "pre_commit", "ruff", "cruft", "cookiecutter"),
@@ -268,7 +290,7 @@ def text_error(field: str, value: str) -> str | None:
         return "valid UTF-8 text (a byte of another encoding, e.g. Latin-1, was given)"
     if any(marker in value for marker in TEMPLATE_SYNTAX):
         shown = ", ".join(TEMPLATE_SYNTAX)
-        return f"no template syntax ({shown}): cookiecutter renders answers with Jinja first"
+        return f"no template syntax ({shown}): answers are data, not templates"
     limit = MAX_LENGTH.get(field)
     if limit is not None and len(value) > limit:
         form = PATTERNS[field][1] + ", " if field in PATTERNS else ""

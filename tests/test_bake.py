@@ -454,6 +454,20 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     # a flavour that this repo does not have is refused
     bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
+    # another distribution of the environment that installs a module of the package's name
+    # (an image's package the template could not know of) is named, in one line
+    site = next(venv.glob("lib/python*/site-packages"))
+    record = site / "imposter-1.0.dist-info"
+    record.mkdir()
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: imposter\nVersion: 1.0\n")
+    (record / "RECORD").write_text("alps_torch_project/__init__.py,,\n")
+    shadowed = run(["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, check=False)
+    assert shadowed.returncode == 2, shadowed.stdout + shadowed.stderr
+    assert shadowed.stderr.splitlines() == [
+        "error: the package name 'alps_torch_project' is also installed by imposter in this "
+        "environment: rename the package (src/alps_torch_project, pyproject.toml) and run this "
+        "again"
+    ]
 
 
 def test_regenerating_over_a_repo_adds_no_commit(bake, tmp_path):

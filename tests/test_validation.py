@@ -63,6 +63,13 @@ BAD_ANSWERS = [
     ("package_name", "setuptools", "does not shadow"),
     ("package_name", "pytest", "does not shadow"),
     ("package_name", "matplotlib", "does not shadow"),
+    # installed with torch or an extra (derived: test_dependency_modules_are_refused)
+    ("package_name", "mpmath", "does not shadow"),
+    ("package_name", "torchgen", "does not shadow"),
+    ("package_name", "dill", "does not shadow"),
+    ("package_name", "pyarrow", "does not shadow"),
+    ("package_name", "safetensors", "does not shadow"),
+    ("package_name", "transformers", "does not shadow"),
     ("package_name", "triton", "does not shadow"),
     ("package_name", "nvidia", "does not shadow"),
     ("package_name", "flash_attn", "does not shadow"),
@@ -93,6 +100,7 @@ BAD_ANSWERS = [
     ("description", "emoji \U0001f600", "printable characters"),
     ("description", "{% raw %}{{ config }}{% endraw %}", "no template syntax"),
     ("description", "{{ '{{' }} x }}", "no template syntax"),
+    ("description", "{{ 6 * 7 }}", "no template syntax"),  # never evaluated, not even 6 * 7
     ("author_name", "", "not empty"),
     ("author_email", "not-an-email", "e-mail address"),
     ("author_email", 'a"@b.org', "e-mail address"),
@@ -172,14 +180,6 @@ def shown(value: str) -> str:
     return value[:60] + f"... ({len(value)} characters)" if len(value) > 80 else value
 
 
-def rendered(value: str) -> str:
-    """The value after cookiecutter's Jinja rendering (what the hook sees)."""
-    return {
-        "{% raw %}{{ config }}{% endraw %}": "{{ config }}",
-        "{{ '{{' }} x }}": "{{ x }}",
-    }.get(value, value)
-
-
 def leftovers(tmp_path: Path) -> list[str]:
     """Everything under tmp_path but the empty output and temporary directories (waits for the
     hook's cleaner of a slug's parent directories, which runs once cookiecutter has removed the
@@ -195,7 +195,7 @@ def leftovers(tmp_path: Path) -> list[str]:
 
 def expected_line(field: str, value: str) -> str:
     """The start of the hook's line for a bad answer (before the accepted form)."""
-    return f"error: {field} = {shown(rendered(value))!r} is invalid: expected "
+    return f"error: {field} = {shown(value)!r} is invalid: expected "
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +236,21 @@ def test_bad_answer_alone_is_refused(hooks, field, value, form):
     errors = hook_errors(hooks, **{field: value})
     assert len(errors) == 1 and errors[0].startswith(expected_line(field, value)), errors
     assert form in errors[0]
+
+
+def test_dependency_modules_are_refused(hooks):
+    """No package name shadows a module that torch or one of the package's extras installs
+    (pip refuses mpmath beside sympy; `import torch` fails with a package named torchgen): the
+    hook holds the derived list (tests/shadowed_names.py), and it is complete here, where
+    requirements-dev.txt installs torch and every extra."""
+    import shadowed_names
+
+    names, missing = shadowed_names.derived_names()
+    assert not missing, f"not installed, cannot derive their modules: {missing}"
+    _, pre_gen = hooks
+    absent = sorted(names - pre_gen.SHADOWED_MODULES)
+    assert not absent, f"the hook would accept {absent}: python3 tests/shadowed_names.py --write"
+    assert {"torch", "torchgen", "mpmath", "dill", "pyarrow", "safetensors"} <= names
 
 
 # The pre-generation hook reports every bad answer at once, so one cookiecutter run tries one
@@ -381,14 +396,47 @@ def test_free_text_is_rendered_safely(tmp_path):
     assert author in (HOSTILE.replace("<", "").replace(">", ""), configured)
 
 
-def test_answers_are_rendered_by_cookiecutter_first(tmp_path):
-    """cookiecutter evaluates Jinja in an answer before any hook sees it (README: what the
-    template can and cannot guarantee): the expression's result is what gets validated."""
-    out = tmp_path / "out"
-    proc = cookiecutter(out, description="{{ 6 * 7 }}", git_init="no")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    project = tomllib.loads((out / "alps-torch-project" / "pyproject.toml").read_text())
-    assert project["project"]["description"] == "42"
+def payloads(marker: Path) -> dict[str, str]:
+    """Jinja answers that would create `marker` if cookiecutter evaluated them (server-side
+    template injection through Jinja's globals), one per free-text field."""
+    command = f"touch {marker}"
+    return {
+        "description": "{{ cycler.__init__.__globals__.os.popen('" + command + "').read() }}",
+        "author_name": "{% set x = lipsum.__globals__['os'].popen('" + command + "').read() %}x",
+        "partition": "{{ joiner.__init__.__globals__.os.system('" + command + "') }}",
+    }
+
+
+def test_jinja_in_an_answer_is_never_evaluated(tmp_path):
+    """An answer is data: cookiecutter would render it as a Jinja template before any hook runs,
+    so the template's Jinja extension (alps_torch_template_guard.py) hands it over literally and
+    the pre-generation hook refuses it, one line a field. Through the command line and through a
+    replay file here; through cruft in tests/test_cruft.py."""
+    marker = tmp_path / "pwned"
+    given = payloads(marker)
+    proc = cookiecutter(tmp_path / "out", **given)
+    assert proc.returncode != 0 and not marker.exists()
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert sorted(errors) == sorted(
+        f"error: {field} = {shown(value)!r} is invalid: expected no template syntax "
+        "({{, {%, {#): answers are data, not templates"
+        for field, value in given.items()
+    ), proc.stderr[-3000:]
+    assert leftovers(tmp_path) == []
+    # a replay file (cookiecutter --replay-file) with a payload in an answer
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
+    replayed = prompt_for_config(generate_context(TEMPLATE_DIR / "cookiecutter.json"), True)
+    replayed["description"] = given["description"]
+    replay = tmp_path / "replay.json"
+    replay.write_text(json.dumps({"cookiecutter": replayed}))
+    proc = cookiecutter(tmp_path / "out", "--replay-file", str(replay))
+    assert proc.returncode != 0 and not marker.exists()
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error: ")] == [
+        x for x in errors if x.startswith("error: description = ")
+    ]
+    assert leftovers(tmp_path) == ["replay.json"]
 
 
 @pytest.mark.parametrize("flag", ["yes", "no"])
@@ -442,12 +490,6 @@ ACCEPTED_CASES = [
         "free text with quotes, `$(...)`, backticks, `;`, `\\` and `<b>`",
         "accepted as data: TOML strings via JSON escaping, inert in every shell script",
         "test_free_text_is_rendered_safely",
-    ),
-    (
-        "`description={{ 6 * 7 }}` (any Jinja expression, prompted or with `--no-input`)",
-        "cookiecutter evaluates it before any hook runs: the project gets `42`. Expressions run "
-        "with your rights; the hook refuses only what still looks like template syntax after",
-        "test_answers_are_rendered_by_cookiecutter_first",
     ),
     (
         "`author_name=.` or `<>` with no git identity configured",

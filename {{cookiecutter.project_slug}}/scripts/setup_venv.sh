@@ -99,10 +99,34 @@ except metadata.PackageNotFoundError:  # a torch without package metadata: its o
 PY
 "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable '.[dev]'
 "${venv}/bin/python" - <<'PY'
+import importlib.util
+import re
 import sys
-import torch
+from importlib import metadata
+from pathlib import Path
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# The package must be this repository's: a distribution of the environment that installs a
+# module of the same name would be shadowed by it, or shadow it (the template refuses the
+# names it knows; an image or uenv may bring others).
+name, own = "{{ cookiecutter.package_name }}", "{{ cookiecutter.project_slug }}"
+others = {d for d in metadata.packages_distributions().get(name, [])
+          if re.sub(r"[-_.]+", "-", d).lower() != own}
+if others:
+    fail(f"the package name {name!r} is also installed by {', '.join(sorted(others))} in this "
+         f"environment: rename the package (src/{name}, pyproject.toml) and run this again")
+spec = importlib.util.find_spec(name)
+origin = Path(spec.origin).resolve() if spec and spec.origin else None
+if origin is None or not origin.is_relative_to(Path("src", name).resolve()):
+    fail(f"'import {name}' finds {origin or 'nothing'}, not this repository's src/{name}")
+import torch  # noqa: E402
 if torch.__file__.startswith(sys.prefix):
-    sys.exit(f"error: torch was installed into the venv ({torch.__file__}); it must come from the environment")
+    fail(f"torch was installed into the venv ({torch.__file__}); it must come from the environment")
 print(f"venv {sys.prefix}: torch {torch.__version__} from {torch.__file__}")
 PY
 
