@@ -2,9 +2,14 @@
 never a traceback (the faults themselves are injected; their real sources are tested elsewhere)."""
 
 import errno
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
+from conftest import PACKAGE, clean_env
 
 import {{ cookiecutter.package_name }}.train as train_module
 from {{ cookiecutter.package_name }}.cli import main
@@ -64,3 +69,64 @@ def test_generate_and_export_name_a_run_dir_that_does_not_exist(capsys, tmp_path
     assert f"{missing} does not exist" in one_line(capsys)
     assert main(["export", f"run_dir={missing}", "--out", str(tmp_path / "m.pt")]) == 1
     assert f"{missing} does not exist" in one_line(capsys)
+
+
+def test_an_unknown_command_is_named_not_read_as_an_override(capsys):
+    assert main(["generat", "run_dir=runs/a"]) == 2
+    line = one_line(capsys)
+    assert "unknown command 'generat' (did you mean generate?); choose from train," in line
+    assert main(["zzz"]) == 2
+    assert "unknown command 'zzz'; choose from" in one_line(capsys)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "\u0663", "1.5"])  # U+0663: ARABIC-INDIC THREE
+def test_a_launcher_variable_that_is_no_number_is_named(monkeypatch, capsys, value):
+    monkeypatch.setenv("RANK", value)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["doctor"]) == 1  # a launch error
+    assert f"RANK={value!r} is not a whole number" in one_line(capsys)
+
+
+def test_an_unreachable_rendezvous_is_one_line_within_the_timeout(monkeypatch, capsys):
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        start = time.monotonic()
+        assert main(["doctor", "--timeout-s", "2"]) == 1
+        assert time.monotonic() - start < 10
+    assert f"could not reach the rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in (
+        one_line(capsys)
+    )
+
+
+def test_a_classifier_on_token_shards_is_one_line(capsys, tmp_path):
+    data = tmp_path / "bytes"
+    (tmp_path / "a.txt").write_text("some text to tokenise as bytes\n" * 200)
+    assert main(["make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(data)]) == 0
+    capsys.readouterr()
+    args = ["device=cpu", "model=mlp", f"dataset={data}", f"run_dir={tmp_path / 'run'}"]
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "holds 'tokens/1' data, not a classifier's arrays" in err.strip().splitlines()[-1]
+
+
+def test_plot_skips_lines_that_are_not_records_and_names_the_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(b'\xff{"kind": "train"}\n[1, 2]\n{"kind": "train", "step": 1}\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "plot", f"run_dir={metrics}"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{metrics}: skipped 2 line(s) that are not JSON records" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"python -m {PACKAGE} plot: error: no training records (with step and loss) in {metrics}"
+    )

@@ -8,6 +8,7 @@ error, 1 any other failure (including a run directory held by another live job).
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 from pathlib import Path
@@ -164,6 +165,34 @@ def make_array_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def generate_command(args: argparse.Namespace) -> int:
+    """Print the text as it is sampled; Ctrl-C stops and keeps what was printed."""
+    from .generate import stream
+
+    pieces = stream(
+        run_dir_argument(args.run),
+        args.prompt,
+        args.tokens,
+        args.temperature,
+        args.top_k,
+        args.device,
+        args.seed,
+        args.tokenizer,
+    )
+    printed = False
+    try:
+        for piece in pieces:
+            print(piece, end="", flush=True)
+            printed = True
+    except KeyboardInterrupt:
+        print(flush=True)
+        what = "the text above is what was sampled" if printed else "nothing was sampled yet"
+        print(f"{PROG} generate: stopped (Ctrl-C); {what}", file=sys.stderr)
+        return 130
+    print()
+    return 0
+
+
 def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "make-dataset":
         return make_dataset(args)
@@ -174,20 +203,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
         return doctor(args.doctor_argv)
     if args.command == "generate":
-        from .generate import generate
-
-        text = generate(
-            run_dir_argument(args.run),
-            args.prompt,
-            args.tokens,
-            args.temperature,
-            args.top_k,
-            args.device,
-            args.seed,
-            args.tokenizer,
-        )
-        print(text)
-        return 0
+        return generate_command(args)
     if args.command == "export":
         from .checkpoint import export_model
 
@@ -211,8 +227,21 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     return train(load_config(args.config, overrides))
 
 
+def unknown_command(word: str) -> str | None:
+    """Why `word` (the first argument) cannot start a command line, or None. A bare word that
+    is neither a command nor an option nor a key=value override is a mistyped command."""
+    if word in COMMANDS or word.startswith("-") or "=" in word:
+        return None
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {word[:60]!r}{hint}; choose from {', '.join(COMMANDS)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and unknown_command(argv[0]):
+        print(f"{PROG}: error: {unknown_command(argv[0])}", file=sys.stderr)
+        return 2
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python -m <pkg> --config ... key=value` trains
     args = arguments.parse(make_parser(), argv)  # any order; older spellings too

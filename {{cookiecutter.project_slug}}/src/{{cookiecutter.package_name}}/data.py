@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .atomic import atomic_write_text
+from .config_keys import ConfigError
 from .preemption import SIGNALS
 
 INDEX_FILE = "index.json"
@@ -297,9 +298,10 @@ def open_dataset(directory: Path):
             f"`python -m {__package__} make-dataset --out DIR`"
         ) from None
     if index.get("format") != FORMAT:
-        raise ValueError(
-            f"{directory} holds {index.get('format')!r} data, not a classifier's arrays "
-            f"({FORMAT}); token shards train a language model"
+        raise ConfigError(
+            f"dataset {directory} holds {index.get('format')!r} data, not a classifier's arrays "
+            f"({FORMAT}): token shards train a language model (model=gpt), a classifier reads "
+            "make-dataset --x/--y arrays"
         )
     x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
     y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")

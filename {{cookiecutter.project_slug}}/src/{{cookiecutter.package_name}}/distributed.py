@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -119,15 +120,28 @@ def port_from_job_id(job_id: str) -> int:
 # --------------------------------------------------------------------------- environment
 
 
+def env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """A launcher's variable as a whole number, or one line naming it (RANK=abc, a Unicode
+    digit, a negative number); `default` when it is not set."""
+    value = env.get(name)
+    if value is None:
+        if default is None:
+            raise LaunchError(f"{name} is not set (the launcher sets it: srun or torchrun)")
+        return default
+    if not re.fullmatch(r"[0-9]{1,9}", value.strip()):
+        raise LaunchError(f"{name}={value[:40]!r} is not a whole number (set by srun or torchrun)")
+    return int(value)
+
+
 def resolve_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        rank, world = env_int(env, "RANK"), env_int(env, "WORLD_SIZE")
+        local_rank = env_int(env, "LOCAL_RANK", env_int(env, "SLURM_LOCALID", 0))
+        local_world = env_int(env, "LOCAL_WORLD_SIZE", world)
         launcher = "env"
-    elif int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))) > 1:
-        world = int(env.get("SLURM_STEP_NUM_TASKS", env["SLURM_NTASKS"]))
+    elif env_int(env, "SLURM_STEP_NUM_TASKS", env_int(env, "SLURM_NTASKS", 1)) > 1:
+        world = env_int(env, "SLURM_STEP_NUM_TASKS", env_int(env, "SLURM_NTASKS", 1))
         # srun sets the step variables; a plain `python` in an sbatch with --ntasks=8 sees
         # SLURM_NTASKS=8 but is one process, and would wait forever for 7 missing peers.
         if "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:
@@ -137,10 +151,10 @@ def resolve_env(environ: Mapping[str, str] | None = None) -> DistEnv:
                 f"with `srun python -m {__package__} ...` (one task per GPU), or run a single "
                 "process with `srun --ntasks=1 ...`."
             )
-        rank = int(env["SLURM_PROCID"])
-        local_rank = int(env.get("SLURM_LOCALID", "0"))
+        rank = env_int(env, "SLURM_PROCID")
+        local_rank = env_int(env, "SLURM_LOCALID", 0)
         per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        node_id = int(env.get("SLURM_NODEID", "0"))
+        node_id = env_int(env, "SLURM_NODEID", 0)
         local_world = tasks_on_node(per_node, node_id) if per_node else world
         launcher = "srun"
     else:
@@ -151,7 +165,7 @@ def resolve_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     addr = env.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else "127.0.0.1")
     if env.get("MASTER_PORT"):
-        port = int(env["MASTER_PORT"])
+        port = env_int(env, "MASTER_PORT")
     elif env.get("SLURM_JOB_ID"):
         port = port_from_job_id(env["SLURM_JOB_ID"])
     else:
@@ -284,6 +298,7 @@ def process_group(
     try:
         if env.world_size > 1:
             log.info("init_process_group via tcp://%s:%d", env.master_addr, env.master_port)
+            wait_for_master(env, timeout_s)
             dist.init_process_group(
                 backend="nccl" if device.type == "cuda" else "gloo",
                 init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -303,6 +318,27 @@ def process_group(
             if finished:
                 dist.barrier()  # no rank tears down while another still communicates
             dist.destroy_process_group()
+
+
+def wait_for_master(env: DistEnv, timeout_s: float) -> None:
+    """Ranks other than 0 first wait until rank 0's rendezvous port accepts a connection, for at
+    most `timeout_s`: an unreachable MASTER_ADDR is then one line naming it, instead of torch's
+    store client retrying with a page of C++ frames for longer than the timeout."""
+    if env.rank == 0:
+        return  # rank 0 opens the port
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((env.master_addr, env.master_port), timeout=2).close()
+            return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"rank {env.rank} could not reach the rendezvous at MASTER_ADDR="
+                    f"{env.master_addr} MASTER_PORT={env.master_port} within {timeout_s:g} s "
+                    f"({err.strerror or err}): is rank 0 running, and is that its address?"
+                ) from None
+            time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
 
 
 # --------------------------------------------------------------------------- collectives

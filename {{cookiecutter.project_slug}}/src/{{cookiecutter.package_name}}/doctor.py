@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import distributed, doctor_nodes
-from .distributed import DistEnv, LaunchError
+from .distributed import DistEnv, LaunchError, wait_for_master
 from .doctor_checks import (  # noqa: F401  (the checks are part of the doctor's interface)
     AWS_LIBFABRIC,
     EXPECTED_BUSBW,
@@ -247,6 +247,7 @@ def cpu_process_group(env: DistEnv, timeout_s: float) -> Iterator[None]:
     if env.world_size == 1:
         yield
         return
+    wait_for_master(env, timeout_s)
     dist.init_process_group(
         backend="gloo",
         init_method=f"tcp://{env.master_addr}:{env.master_port}",

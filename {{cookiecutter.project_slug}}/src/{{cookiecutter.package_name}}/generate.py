@@ -10,6 +10,9 @@ as bytes for byte-level datasets (`make-dataset --stdlib/--text`).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,7 +22,10 @@ from .config import Config, ConfigError
 from .data import DataInfo
 from .models import spec_of
 from .models.spec import sample
-from .tokenizer import text_codec
+from .shards import file_sha256
+from .tokenizer import recorded_tokenizer_sha256, text_codec, tokenizer_file
+
+log = logging.getLogger(__package__)
 
 
 def saved_config(values: dict) -> Config:
@@ -36,7 +42,57 @@ def saved_data_info(values: dict, state: dict) -> DataInfo:
     return DataInfo("tokens", "", vocab_size=state["wte.weight"].shape[0])
 
 
-def generate(
+MAX_TOKENS = 100_000  # a typo such as --tokens 1e9 is refused instead of running for days
+
+
+def check_arguments(prompt: str, n_tokens: int, temperature: float, top_k: int | None) -> None:
+    if not 1 <= n_tokens <= MAX_TOKENS:
+        raise ConfigError(f"generate needs 1 <= --tokens <= {MAX_TOKENS}; got {n_tokens}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"generate needs a finite --temperature >= 0; got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"generate needs --top-k >= 1; got {top_k}")
+    if not prompt:
+        raise ConfigError("generate needs a --prompt of at least one character to continue")
+
+
+def check_codec(codec, info: DataInfo, cfg, tokenizer: Path | None) -> None:
+    """The codec's ids must be the model's: refuse a larger vocabulary (its ids index past the
+    embedding), warn about a tokenizer the run was not trained with (other words, same ids)."""
+    if codec.vocab_size > info.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {codec.vocab_size} ids but the model was trained on "
+            f"{info.vocab_size}: use the tokenizer of the run's dataset ({cfg.dataset})"
+        )
+    if tokenizer is None:
+        return
+    recorded = recorded_tokenizer_sha256(cfg.dataset)
+    if recorded != file_sha256(tokenizer_file(tokenizer)):
+        trained = "byte tokens" if recorded is None else "another tokenizer"
+        log.warning(
+            "%s is not the tokenizer the run was trained with (%s, dataset %s): the ids are "
+            "the model's, the words may not be",
+            tokenizer,
+            trained,
+            cfg.dataset,
+        )
+
+
+def encode_prompt(codec, prompt: str, tokenizer: Path | None) -> list[int]:
+    try:
+        return codec.encode(prompt)
+    except Exception as err:  # the tokenizers library raises plain Exception (no [UNK] token)
+        raise ConfigError(
+            f"the tokenizer {tokenizer or 'of the run'} cannot encode the prompt: {first_line(err)}"
+        ) from None
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def stream(
     run_dir: Path,
     prompt: str,
     n_tokens: int,
@@ -45,11 +101,10 @@ def generate(
     device: str = "auto",
     seed: int = 0,
     tokenizer: Path | None = None,
-) -> str:
-    if n_tokens < 1 or temperature < 0 or (top_k is not None and top_k < 1):
-        raise ConfigError("generate needs --tokens >= 1, --temperature >= 0 and --top-k >= 1")
-    if not prompt:
-        raise ConfigError("generate needs a --prompt of at least one character to continue")
+) -> Iterator[str]:
+    """The prompt, then the sampled text piece by piece as it is generated (one token at a
+    time: a caller that stops early, e.g. on Ctrl-C, keeps what it has)."""
+    check_arguments(prompt, n_tokens, temperature, top_k)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "--device cuda: no GPU is usable here (torch "
@@ -70,17 +125,25 @@ def generate(
     target = torch.device("cuda" if use_cuda else "cpu")
     model.to(target).eval()
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
-    context = torch.tensor([codec.encode(prompt)], dtype=torch.int64, device=target)
+    check_codec(codec, info, cfg, tokenizer)
+    ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
-    # only the tokenizer's ids are text (the rest is padding of the vocabulary)
-    out = sample(
-        model,
-        context,
-        n_tokens,
-        spec.context_length(cfg),
-        temperature,
-        top_k,
-        generator,
-        codec.vocab_size,
-    )
-    return codec.decode(out[0].tolist())
+    shown = text = codec.decode(ids[0].tolist())
+    yield shown
+    context = spec.context_length(cfg)
+    for _ in range(n_tokens):
+        # only the tokenizer's ids are text (the rest is padding of the vocabulary)
+        ids = sample(model, ids, 1, context, temperature, top_k, generator, codec.vocab_size)
+        text = codec.decode(ids[0].tolist())
+        # hold back an incomplete character (the bytes of one may span several tokens)
+        ready = text.rstrip("\ufffd") if text.startswith(shown) else shown
+        if len(ready) > len(shown):
+            yield ready[len(shown) :]
+            shown = ready
+    if len(text) > len(shown) and text.startswith(shown):
+        yield text[len(shown) :]
+
+
+def generate(run_dir: Path, prompt: str, n_tokens: int, *args, **kwargs) -> str:
+    """The prompt and its continuation as one string (see `stream`)."""
+    return "".join(stream(run_dir, prompt, n_tokens, *args, **kwargs))

@@ -62,6 +62,8 @@ def open_source(source: str, split: str):
     if local and not path.exists():
         raise DatasetError(f"{source}: no such file or directory")
     if path.is_file():
+        if path.stat().st_size == 0:
+            raise DatasetError(f"{source}: the file is empty (no documents)")
         if data_suffix(path) not in BUILDERS:
             raise DatasetError(
                 f"{source}: unknown data file type; accepted: .parquet, .jsonl, .json, .arrow"
@@ -77,8 +79,10 @@ def open_source(source: str, split: str):
     try:
         dataset = datasets.load_dataset(**args, split=split, streaming=True)
     except Exception as err:  # datasets raises many types: missing split, bad files, no network
+        # StopIteration: its builders infer the columns from the first record, and there is none
+        why = "no documents (empty files?)" if isinstance(err, StopIteration) else first_line(err)
         raise DatasetError(
-            f"{source}: cannot open split {split!r} as a Hugging Face dataset: {first_line(err)}"
+            f"{source}: cannot open split {split!r} as a Hugging Face dataset: {why}"
         ) from None
     return dataset, count_documents(dataset, args, split)
 
@@ -182,11 +186,16 @@ def read_ahead(items: Iterable, depth: int = 4) -> Iterator:
         thread.join(timeout=5)
 
 
-def encode_batches(batches: Iterable[list[str]], tokenizer, separator: int, dtype) -> Iterator:
+def encode_batches(
+    batches: Iterable[list[str]], tokenizer, separator: int, dtype, name: str = "the tokenizer"
+) -> Iterator:
     """(documents, ids) per batch: every document's ids followed by the separator."""
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # fast: no offsets
     for texts in batches:
-        ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+        try:
+            ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+        except Exception as err:  # the Rust side raises plain Exception (no [UNK] token ...)
+            raise DatasetError(f"{name} cannot encode the documents: {first_line(err)}") from None
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
         yield len(texts), np.insert(flat, np.cumsum(lengths), separator).astype(dtype)
@@ -269,7 +278,7 @@ def write_hf_dataset(
 
     def chunks():
         for documents, ids in encode_batches(
-            batches, tokenizer, separator_id, token_dtype(vocab_size)
+            batches, tokenizer, separator_id, token_dtype(vocab_size), str(file)
         ):
             progress.update(documents, len(ids))
             yield ids

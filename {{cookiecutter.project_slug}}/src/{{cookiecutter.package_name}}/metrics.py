@@ -139,16 +139,28 @@ class Metrics:
 
 
 def read_records(path: Path) -> list[dict]:
+    """The JSON objects of a run's metrics.jsonl. A line that is not one (cut by a kill, not
+    UTF-8, another JSON value) is skipped, and the skipped lines are counted in one warning."""
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).metrics
-    records = []
-    for line in path.read_text().splitlines():
+    records, skipped = [], 0
+    for line in path.read_bytes().splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif line.strip():
+            skipped += 1
+    if skipped:
+        log.warning("%s: skipped %d line(s) that are not JSON records", path, skipped)
     return records
+
+
+def has_numbers(record: dict, *keys: str) -> bool:
+    return all(isinstance(record.get(k), (int, float)) for k in keys)
 
 
 def plot(path: Path, out: Path | None = None) -> Path:
@@ -164,10 +176,10 @@ def plot(path: Path, out: Path | None = None) -> Path:
         ) from None
     path = Path(path)
     records = read_records(path)
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
+    train = [r for r in records if r.get("kind") == "train" and has_numbers(r, "step", "loss")]
+    evals = [r for r in records if r.get("kind") == "eval" and has_numbers(r, "step", "eval_loss")]
     if not train:
-        raise RuntimeError(f"no training records in {path}")
+        raise RuntimeError(f"no training records (with step and loss) in {path}")
     out = Path(out) if out else (path if path.is_dir() else path.parent) / "metrics.png"
     fig, (ax_loss, ax_speed) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
@@ -178,7 +190,8 @@ def plot(path: Path, out: Path | None = None) -> Path:
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
     unit = "tokens" if "tokens_per_s" in train[0] else "samples"
-    ax_speed.plot([r["step"] for r in train], [r[f"{unit}_per_s"] for r in train])
+    speed = [r for r in train if has_numbers(r, f"{unit}_per_s")]
+    ax_speed.plot([r["step"] for r in speed], [r[f"{unit}_per_s"] for r in speed])
     ax_speed.set_ylabel(f"{unit}/s (all ranks)")
     ax_speed.set_xlabel("step")
     fig.tight_layout()

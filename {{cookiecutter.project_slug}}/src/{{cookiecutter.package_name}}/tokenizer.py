@@ -151,6 +151,16 @@ class TextCodec:
         return decode_bytes(ids) if self.tokenizer is None else decode(self.tokenizer, ids)
 
 
+def recorded_tokenizer_sha256(dataset: str) -> str | None:
+    """The sha256 of the tokenizer.json a dataset was made with; None for bytes (or when the
+    dataset is not here to say)."""
+    directory = Path(dataset)
+    if dataset == "synthetic" or not (directory / "index.json").is_file():
+        return None
+    recorded = read_index(directory).get("tokenizer_file") or {}
+    return recorded.get("sha256")
+
+
 def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
     """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
     else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""

@@ -1,0 +1,124 @@
+"""`generate`: its arguments and tokenizers are checked in one line, its text streams as it is
+sampled, and Ctrl-C keeps what was printed."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import PACKAGE, REPO, TINY, clean_env
+
+from {{ cookiecutter.package_name }}.cli import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A GPT trained for two steps on synthetic tokens (vocabulary 256: bytes)."""
+    run = tmp_path_factory.mktemp("generate") / "run"
+    args = [*TINY, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
+    assert main(["train", *args]) == 0
+    return run
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--temperature", "nan"], "a finite --temperature >= 0; got nan"),
+        (["--temperature", "inf"], "a finite --temperature >= 0; got inf"),
+        (["--tokens", "1000000000"], "1 <= --tokens <= 100000; got 1000000000"),
+        (["--top-k", "0"], "--top-k >= 1; got 0"),
+    ],
+)
+def test_bad_arguments_are_one_line(capsys, run_dir, args, expected):
+    assert main(["generate", f"run_dir={run_dir}", "--prompt", "x", *args]) == 2
+    assert expected in one_line(capsys)
+
+
+def word_level(tmp_path, size: int, unknown: bool):
+    """A WordLevel tokenizer.json of `size` ids ('a', 'b', ...; with [UNK] when `unknown`)."""
+    models = pytest.importorskip("tokenizers", reason="needs the [data] extra").models
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(size - unknown)}
+    if unknown:
+        vocab["[UNK]"] = size - 1
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]" if unknown else None))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / f"wordlevel-{size}-{unknown}.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_tokenizer_that_cannot_encode_the_prompt_is_one_line(capsys, run_dir, tmp_path):
+    tokenizer = word_level(tmp_path, 100, unknown=False)
+    args = ["--prompt", "zebra", "--tokenizer", str(tokenizer)]
+    assert main(["generate", f"run_dir={run_dir}", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer {tokenizer} cannot encode the prompt: WordLevel error" in err
+    assert "Traceback" not in err
+
+
+def test_a_tokenizer_with_more_ids_than_the_model_is_refused(capsys, run_dir, tmp_path):
+    tokenizer = word_level(tmp_path, 300, unknown=True)
+    args = ["--prompt", "w1", "--tokenizer", str(tokenizer)]
+    assert main(["generate", f"run_dir={run_dir}", *args]) == 2
+    err = capsys.readouterr().err
+    assert "the tokenizer has 300 ids but the model was trained on 256" in err
+
+
+def test_another_tokenizer_of_the_same_size_is_warned_about(run_dir, tmp_path):
+    tokenizer = word_level(tmp_path, 256, unknown=True)
+    args = ["--prompt", "w1", "--tokens", "3", "--tokenizer", str(tokenizer), "--device", "cpu"]
+    proc = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "generate", f"run_dir={run_dir}", *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    warning = f"{tokenizer} is not the tokenizer the run was trained with (byte tokens"
+    assert warning in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("w1")  # the text alone on stdout
+
+
+def test_text_streams_and_ctrl_c_keeps_it(run_dir):
+    """Output appears while sampling goes on; SIGINT ends it with the text kept and one line."""
+    args = ["--prompt", "abc", "--tokens", "100000", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, "generate", f"run_dir={run_dir}", *args],
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = proc.stdout.read(8)  # arrives before the 100,000 tokens are done
+    assert first.startswith(b"abc")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert len(first + out) > 8
+    assert err.decode().strip().splitlines() == [
+        f"python -m {PACKAGE} generate: stopped (Ctrl-C); the text above is what was sampled"
+    ]
+
+
+def test_generate_equals_the_streamed_text(run_dir):
+    from {{ cookiecutter.package_name }}.generate import generate, stream
+
+    pieces = list(stream(run_dir, "abc", 20, temperature=0.9, device="cpu", seed=3))
+    assert pieces[0] == "abc" and len(pieces) > 2
+    assert "".join(pieces) == generate(run_dir, "abc", 20, temperature=0.9, device="cpu", seed=3)
+    json.dumps(pieces)  # plain strings
