@@ -177,6 +177,9 @@ def dataset_fixture(tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------------- helpers
 
 
+JOB_HEADER = re.compile(r"^== job (\d+) start (\d+) on ", re.MULTILINE)  # jobs/common.sh
+
+
 @dataclass
 class Submission:
     slurm: SlurmHarness
@@ -195,7 +198,17 @@ class Submission:
         return self.repo.path / "logs" / f"slurm-{self.repo.slug}-{self.job_id}.log"
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """The job's log. Every start of a job writes a header (jobs/common.sh) naming the job;
+        a header of another job means the file holds another job's lines: reported as such,
+        never counted as this job's."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        others = sorted({int(m.group(1)) for m in JOB_HEADER.finditer(text)} - {self.job_id})
+        if others:
+            raise AssertionError(
+                f"{self.log} holds lines of job(s) {others}, not only of job {self.job_id}: "
+                "two jobs wrote one log (job ids handed out twice?)"
+            )
+        return text
 
     def wait(self, timeout: float = JOB_TIMEOUT) -> Job:
         return self.slurm.wait(self.job_id, timeout=timeout)
@@ -232,6 +245,8 @@ def submit(
     env = {key: value for key, value in env.items() if value is not None}  # None: unset it
     options = [*(SBATCH_OVERRIDES.get(repo.name, []) if single_node else []), *sbatch_args]
     job_id = slurm.sbatch(*options, repo.script, *args, cwd=repo.path, env=env)
+    first, last = slurm.JOB_IDS
+    assert first <= job_id <= last, f"job {job_id} is outside its cluster's ids {first}-{last}"
     return Submission(slurm, repo, job_id, work, ranks)
 
 

@@ -130,6 +130,11 @@ def parse_show_job(line: str) -> dict[str, str]:
 class SlurmHarness:
     """Start, reuse, query and stop the single-node Slurm (see the module docstring)."""
 
+    # Job ids this cluster hands out (FirstJobId..MaxJobId, then it wraps). Each cluster the
+    # suite starts has a range of its own, so no two jobs of one session share an id, and with
+    # it a log file (`logs/slurm-%x-%j.log` in the same repository) or a MASTER_PORT.
+    JOB_IDS = (100_000, 199_999)
+
     def __init__(self, state_dir: Path = DEFAULT_STATE_DIR, ctld_port: int = CTLD_PORT) -> None:
         self.state_dir = Path(state_dir)
         self.ctld_port = ctld_port
@@ -199,6 +204,8 @@ AuthType=auth/munge
 AuthInfo=socket={self.munge_socket},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={s}/ctld-state
+FirstJobId={self.JOB_IDS[0]}
+MaxJobId={self.JOB_IDS[1]}
 SlurmdSpoolDir={self._slurmd_path("slurmd-spool", "")}
 SlurmctldPidFile={s}/run/slurmctld.pid
 SlurmdPidFile={self._slurmd_path("run", ".pid")}

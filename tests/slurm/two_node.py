@@ -74,6 +74,8 @@ def unavailable_reason() -> str | None:
 class TwoNodeHarness(SlurmHarness):
     """Start, reuse, query, break and stop the two-node cluster (see the module docstring)."""
 
+    JOB_IDS = (200_000, 299_999)  # not the single-node cluster's (SlurmHarness.JOB_IDS)
+
     def __init__(self, state_dir: Path = STATE_DIR, ctld_port: int = CTLD_PORT) -> None:
         super().__init__(state_dir, ctld_port)
         self.nodes = list(NODES)

@@ -12,6 +12,9 @@
 # repository, when the job starts: a queued job runs the version it starts with, like the package.
 # Not a script of its own: sbatch jobs/train_<flavour>.sbatch.
 
+# A requeued job appends to its log: one line per start says which start the lines below it are.
+echo "== job ${SLURM_JOB_ID} start $((${SLURM_RESTART_COUNT:-0} + 1)) on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
 # The venv layered on the environment by scripts/setup_venv.sh (torch comes from the environment).
 export VENV="${PWD}/.venv-${FLAVOUR}"
 if [[ ! -x "${VENV}/bin/python" ]]; then
