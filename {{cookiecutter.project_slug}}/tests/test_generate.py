@@ -102,6 +102,8 @@ def test_text_streams_and_ctrl_c_keeps_it(run_dir):
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # as from a terminal: a pytest-xdist worker ignores SIGINT, and a child would inherit it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = proc.stdout.read(8)  # arrives before the 100,000 tokens are done
     assert first.startswith(b"abc")
