@@ -85,7 +85,7 @@ MAX_LENGTH = {
 
 # ${NAME} references are expanded by bash and by the Container Engine alike; other shell
 # syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path. Only these
-# Alps variables (alps-facts, storage table) may appear: one that holds an absolute directory may
+# Alps variables (https://docs.cscs.ch/storage/filesystems/) may appear: one that holds an absolute directory may
 # start the path, ${USER} may follow an absolute start (/capstor/scratch/cscs/${USER}). Any other
 # variable could hold anything (${IFS} splits words, ${PATH} is a list, an unset one is an error
 # in an EDF), and ${USER}/data would be a relative path.
@@ -213,7 +213,7 @@ _TIME_RE = re.compile(
 
 # Directories the project writes to (and the EDF mounts) must not be any of these: a mount of
 # $HOME or /users leaks shell init files and caches into the container and exposes personal
-# data (alps-facts: "Don't mount all of /users or $HOME"); striping or filling a shared root
+# data (https://docs.cscs.ch/software/ml/pytorch/: mount only subdirectories of $HOME); striping or filling a shared root
 # affects everyone. Compared after normalisation (see normalised_path).
 SHARED_ROOTS = frozenset(
     {
@@ -228,7 +228,7 @@ SHARED_ROOTS = frozenset(
         *("/lib64", "/mnt", "/srv", "/media"),
     }
 )
-HOME = "/users/${USER}"  # $HOME on Alps (alps-facts, storage table)
+HOME = "/users/${USER}"  # $HOME on Alps (https://docs.cscs.ch/storage/filesystems/)
 # Jinja openers, written split: this file is itself rendered by Jinja.
 TEMPLATE_SYNTAX = ("{" + "{", "{" + "%", "{" + "#")
 

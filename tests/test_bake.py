@@ -175,6 +175,15 @@ def test_no_leftover_jinja(baked):
         assert not found, f"{name}: {rel} contains {found.group()!r}"
 
 
+def test_every_citation_is_one_a_user_can_follow(baked):
+    """Platform facts cite the CSCS page (https://docs.cscs.ch/...) or the uenv recipe, never the
+    template's own notes, which a generated repository does not have."""
+    name, path = baked
+    for rel in sorted(generated_files(path)):
+        text = (path / rel).read_text(errors="replace")
+        assert "alps-facts" not in text, f"{name}: {rel} cites alps-facts"
+
+
 def test_toml_files_parse(baked):
     _, path = baked
     tomls = [p for p in path.rglob("*.toml") if ".git" not in p.parts]

@@ -1,4 +1,4 @@
-"""The run directory's marker names are written twice: in the package (`rundir.py`) and in the
+"""The run directory's marker names are written twice: in the package (`run/rundir.py`) and in the
 job scripts (`${RUN_DIR}/REQUEUE`, which decides whether the job is requeued). In every baked
 configuration the rendered job scripts must use the names the package writes."""
 
@@ -8,7 +8,7 @@ import pytest
 
 
 def package_constant(repo, name: str) -> str:
-    (rundir,) = (repo / "src").glob("*/rundir.py")
+    (rundir,) = (repo / "src").glob("*/run/rundir.py")
     match = re.search(rf'^{name} = "([^"]+)"', rundir.read_text(), re.MULTILINE)
     assert match, f"{name} not found in {rundir}"
     return match.group(1)

@@ -38,40 +38,25 @@ def test_package_layout(repo, package):
         "__init__",
         "__main__",
         "arguments",
-        "atomic",
         "benchmark",
         "cli",
-        "config",
-        "config_files",
         "config_keys",
-        "console",
-        "data",
-        "data_benchmark",
         "distributed",
-        "doctor",
-        "doctor_checks",
-        "doctor_nodes",
         "generate",
-        "hf_data",
-        "interrupts",
-        "metrics",
         "parallel",
-        "preemption",
-        "prefetch",
-        "profiling",
-        "rundir",
-        "rundir_lock",
-        "shards",
-        "tokenizer",
-        "tokens",
-        "tracking",
         "train",
     }
     assert {p.stem for p in src.glob("*.py")} == modules
     packages = {
         "checkpoint": {"__init__", "export", "integrity", "manager", "state"},
+        "config": {"__init__", "files", "settings"},
+        "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "tokenizer", "tokens"},
+        "doctor": {"__init__", "checks", "nodes", "preflight"},
         "models": {"__init__", "spec", "gpt", "mlp"},
+        "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir"},
+        "telemetry": {"__init__", "console", "metrics", "profiling", "tracking"},
     }
+    assert {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(packages)
     for name, members in packages.items():
         assert {p.stem for p in (src / name).glob("*.py")} == members
     assert (repo / "configs" / "default.toml").is_file()

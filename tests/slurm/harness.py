@@ -54,7 +54,7 @@ LIBPMIX_GLOB = "/usr/lib/*/libpmix.so"
 CTLD_PORT = int(os.environ.get("ALPS_SLURM_CTLD_PORT", "16817"))
 SLURMD_PORT = CTLD_PORT + 1
 
-# the Alps GH200 node (reference: alps-facts.md section 7a)
+# the Alps GH200 node (https://docs.cscs.ch/alps/hardware/)
 NODE_SOCKETS = 4
 NODE_CORES_PER_SOCKET = 72
 NODE_GPUS = 4

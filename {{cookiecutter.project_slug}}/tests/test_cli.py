@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.metrics import read_records
+from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 
 
 def test_benchmark_prints_one_json_line(single_process, capsys):

@@ -1,4 +1,4 @@
-"""One argument style: `run_dir=DIR` for every subcommand; the older spellings still work."""
+"""One argument style: `run_dir=DIR` for every subcommand, options and key=value in any order."""
 
 import argparse
 
@@ -12,70 +12,58 @@ def parse(argv):
 
 
 @pytest.mark.parametrize(
-    ("argv", "dest", "value"),
+    ("argv", "dest"),
     [
-        (["generate", "run_dir=runs/a", "--tokens", "5"], "run", "run_dir=runs/a"),
-        (["generate", "--tokens", "5", "run_dir=runs/a"], "run", "run_dir=runs/a"),
-        (["export", "--out", "m.pt", "run_dir=runs/a"], "run", "run_dir=runs/a"),
-        (["export", "run_dir=runs/a", "--out", "m.pt"], "run", "run_dir=runs/a"),
-        (["plot", "run_dir=runs/a", "--out", "p.png"], "path", "run_dir=runs/a"),
+        (["generate", "run_dir=runs/a", "--tokens", "5"], "run"),
+        (["generate", "--tokens", "5", "run_dir=runs/a"], "run"),
+        (["export", "--out", "m.pt", "run_dir=runs/a"], "run"),
+        (["export", "run_dir=runs/a", "--out", "m.pt"], "run"),
+        (["plot", "run_dir=runs/a", "--out", "p.png"], "path"),
     ],
 )
-def test_every_command_takes_run_dir_key_value_anywhere(argv, dest, value, capsys):
-    args = parse(argv)
-    assert getattr(args, dest) == value
-    assert cli.run_dir_argument(getattr(args, dest)).as_posix() == "runs/a"
-    assert capsys.readouterr().err == ""  # the documented form: no note
-
-
-@pytest.mark.parametrize(
-    ("argv", "dest", "old"),
-    [
-        (["plot", "runs/a"], "path", "plot runs/a"),
-        (["generate", "runs/a", "--tokens", "5"], "run", "generate runs/a"),
-        (["export", "runs/a", "--out", "m.pt"], "run", "export runs/a"),
-    ],
-)
-def test_old_positional_spellings_are_accepted_with_a_note(argv, dest, old, capsys):
-    args = parse(argv)
-    assert cli.run_dir_argument(getattr(args, dest)).as_posix() == "runs/a"
-    err = capsys.readouterr().err
-    assert f"`{old}` is the old spelling" in err and f"run_dir={old.split()[-1]}" in err
-
-
-def test_plot_of_a_metrics_file_needs_no_note(tmp_path, capsys):
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("")
-    assert parse(["plot", str(metrics)]).path == str(metrics)
+def test_every_command_takes_run_dir_key_value_anywhere(argv, dest, capsys):
+    assert getattr(parse(argv), dest).as_posix() == "runs/a"
     assert capsys.readouterr().err == ""
 
 
-def test_run_dir_option_is_an_alias_everywhere(capsys):
-    assert parse(["train", "--run-dir", "runs/a", "max_steps=3"]).overrides == [
-        "run_dir=runs/a",
-        "max_steps=3",
-    ]
-    assert parse(["export", "--run-dir=runs/a", "--out", "m.pt"]).run == "run_dir=runs/a"
-    assert "`train --run-dir runs/a` is the old spelling" in capsys.readouterr().err
-
-
-def test_doctor_takes_both_spellings(capsys):
-    new = parse(["doctor", "--quick", "run_dir=runs/a", "data_dir=data/x"])
-    old = parse(["doctor", "--run-dir", "runs/a", "--quick", "--data-dir", "data/x"])
-    expected = ["--quick", "--run-dir", "runs/a", "--data-dir", "data/x"]
-    assert new.doctor_argv == expected
-    assert sorted(old.doctor_argv) == sorted(expected)
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plot", "runs/a"],
+        ["generate", "runs/a", "--tokens", "5"],
+        ["export", "runs/a", "--out", "m.pt"],
+        ["export", "run_dir=", "--out", "m.pt"],
+        ["train", "--run-dir", "runs/a"],
+    ],
+)
+def test_one_spelling_only(argv, capsys):
+    """The template has no earlier release to stay compatible with: no second spelling."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("old spelling") == 2 and "use `doctor run_dir=runs/a`" in err
-    from {{ cookiecutter.package_name }}.doctor import make_parser
+    assert "run_dir=DIR" in err or "unrecognized arguments: --run-dir" in err
 
-    checked = make_parser().parse_args(new.doctor_argv)
+
+def test_plot_of_a_metrics_file(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("")
+    assert parse(["plot", str(metrics)]).path == metrics
+    assert capsys.readouterr().err == ""
+
+
+def test_doctor_directories_reach_its_parser():
+    args = parse(["doctor", "--quick", "run_dir=runs/a", "data_dir=data/x"])
+    assert args.doctor_argv == ["--quick", "--run-dir", "runs/a", "--data-dir", "data/x"]
+    from {{ cookiecutter.package_name }}.doctor.preflight import make_parser
+
+    checked = make_parser().parse_args(args.doctor_argv)
     assert str(checked.run_dir) == "runs/a" and str(checked.data_dir) == "data/x"
 
 
 def test_doctor_run_dir_reaches_the_checks(tmp_path, monkeypatch, capsys):
     """`doctor run_dir=FILE` (a file where the run directory belongs) fails that check."""
-    import {{ cookiecutter.package_name }}.doctor as doctor
+    import {{ cookiecutter.package_name }}.doctor.preflight as doctor
 
     seen = {}
 

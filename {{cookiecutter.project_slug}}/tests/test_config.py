@@ -4,7 +4,8 @@ import pytest
 from conftest import REPO
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import (
+from {{ cookiecutter.package_name }}.config.files import read_toml
+from {{ cookiecutter.package_name }}.config.settings import (
     GENERAL_KEYS,
     Config,
     ConfigError,
@@ -12,7 +13,6 @@ from {{ cookiecutter.package_name }}.config import (
     check_run_dir_config,
     docs_table,
     load_config,
-    read_toml,
     to_toml,
 )
 from {{ cookiecutter.package_name }}.models import spec_of

@@ -4,7 +4,7 @@ import pytest
 from conftest import REPO, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import Config, ConfigError, load_config
+from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, load_config
 
 
 def write(path, text):

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from conftest import TINY
 
-from {{ cookiecutter.package_name }} import console
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import Config
+from {{ cookiecutter.package_name }}.config.settings import Config
+from {{ cookiecutter.package_name }}.telemetry import console
 
 
 def messages(caplog, level="INFO"):

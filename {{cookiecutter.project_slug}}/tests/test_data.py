@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import data
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.config.settings import load_config
+from {{ cookiecutter.package_name }}.data import batches as data
 
 MLP = ["model=mlp", "synthetic_samples=120", "eval_samples=20", "num_features=3", "batch_size=4"]
 

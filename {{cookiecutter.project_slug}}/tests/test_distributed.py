@@ -9,12 +9,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import distributed
-from {{ cookiecutter.package_name }}.distributed import (
-    LaunchError,
-    choose_device,
-    expand_nodelist,
-    resolve_env,
-)
+from {{ cookiecutter.package_name }}.distributed import LaunchError, choose_device, expand_nodelist, resolve_env
 
 
 @pytest.mark.parametrize(

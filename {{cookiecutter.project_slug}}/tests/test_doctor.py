@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
 
-from {{ cookiecutter.package_name }} import doctor
-from {{ cookiecutter.package_name }}.doctor import FAIL, OK, WARN
+from {{ cookiecutter.package_name }}.doctor import checks
+from {{ cookiecutter.package_name }}.doctor import preflight as doctor
+from {{ cookiecutter.package_name }}.doctor.checks import FAIL, OK, WARN
 
 ALPS_FABRIC_ENV = {
     "NCCL_NET": "AWS Libfabric",
@@ -34,7 +35,7 @@ def run_doctor(args: list[str], log_dir: Path, world: int = 2, extra_env=None):
         env = rank_env(rank, world, port)
         logs.append(Path(log_dir) / f"doctor-rank{rank}.log")
         with open(logs[-1], "w") as out:
-            cmd = [sys.executable, "-m", f"{PACKAGE}.doctor", "--device", "cpu", *args]
+            cmd = [sys.executable, "-m", PACKAGE, "doctor", "--device", "cpu", *args]
             env |= extra_env or {}
             procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=out))
     try:
@@ -119,7 +120,7 @@ def test_bad_sizes_is_a_usage_error(capsys):
     ],
 )
 def test_check_torch_build(args, status, text):
-    result = doctor.check_torch_build(*args)
+    result = checks.check_torch_build(*args)
     assert result.status == status and text in result.message
 
 
@@ -133,21 +134,21 @@ def test_check_torch_build(args, status, text):
     ],
 )
 def test_check_torch_origin(torch_file, system_site, on_alps, status, text):
-    result = doctor.check_torch_origin(torch_file, "/venv", "/usr", system_site, on_alps)
+    result = checks.check_torch_origin(torch_file, "/venv", "/usr", system_site, on_alps)
     assert result.status == status and text in result.message
 
 
 def test_check_torch_origin_outside_a_venv():
-    result = doctor.check_torch_origin("/usr/lib/torch/__init__.py", "/usr", "/usr", True, True)
+    result = checks.check_torch_origin("/usr/lib/torch/__init__.py", "/usr", "/usr", True, True)
     assert result.status == OK
 
 
 def test_venv_has_system_site_packages(tmp_path):
-    assert not doctor.venv_has_system_site_packages(str(tmp_path))  # no pyvenv.cfg
+    assert not checks.venv_has_system_site_packages(str(tmp_path))  # no pyvenv.cfg
     (tmp_path / "pyvenv.cfg").write_text("home = /x\ninclude-system-site-packages = false\n")
-    assert not doctor.venv_has_system_site_packages(str(tmp_path))
+    assert not checks.venv_has_system_site_packages(str(tmp_path))
     (tmp_path / "pyvenv.cfg").write_text("home = /x\ninclude-system-site-packages = true\n")
-    assert doctor.venv_has_system_site_packages(str(tmp_path))
+    assert checks.venv_has_system_site_packages(str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -163,7 +164,7 @@ def test_venv_has_system_site_packages(tmp_path):
     ],
 )
 def test_check_gpus(want_gpu, visible, tasks, status, text):
-    result = doctor.check_gpus(want_gpu, visible, tasks, None)
+    result = checks.check_gpus(want_gpu, visible, tasks, None)
     assert result.status == status and text in result.message
 
 
@@ -178,15 +179,15 @@ def test_check_gpus(want_gpu, visible, tasks, status, text):
     ],
 )
 def test_check_cpu(bound, threads, tasks, node, gpu, status, text):
-    result = doctor.check_cpu(bound, threads, tasks, node, gpu)
+    result = checks.check_cpu(bound, threads, tasks, node, gpu)
     assert result.status == status and text in result.message
 
 
 def test_is_alps_node():
-    assert doctor.is_alps_node("nid001234", False, False)
-    assert doctor.is_alps_node("x", True, False) and doctor.is_alps_node("x", False, True)
-    assert not doctor.is_alps_node("laptop", False, False)
-    assert not doctor.is_alps_node("nid001234.login", False, False)
+    assert checks.is_alps_node("nid001234", False, False)
+    assert checks.is_alps_node("x", True, False) and checks.is_alps_node("x", False, True)
+    assert not checks.is_alps_node("laptop", False, False)
+    assert not checks.is_alps_node("nid001234.login", False, False)
 
 
 def test_find_net_plugins(tmp_path):
@@ -196,9 +197,9 @@ def test_find_net_plugins(tmp_path):
         "\tlibnccl-net-ofi.so (libc6,AArch64) => /opt/aws-ofi/lib/libnccl-net-ofi.so\n"
         "\tlibc.so.6 (libc6,AArch64) => /lib64/libc.so.6\n"
     )
-    found = doctor.find_net_plugins(f"/does/not/exist:{tmp_path}", ldconfig)
+    found = checks.find_net_plugins(f"/does/not/exist:{tmp_path}", ldconfig)
     assert found == [str(tmp_path / "libnccl-net.so"), "/opt/aws-ofi/lib/libnccl-net-ofi.so"]
-    assert doctor.find_net_plugins("", "") == []
+    assert checks.find_net_plugins("", "") == []
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,7 @@ def test_find_net_plugins(tmp_path):
     ],
 )
 def test_check_nccl_network(environ, alps_gpu, plugins, status, text):
-    result = doctor.check_nccl_network(environ, alps_gpu, plugins)
+    result = checks.check_nccl_network(environ, alps_gpu, plugins)
     assert result.status == status and text in result.message, result
 
 
@@ -240,12 +241,12 @@ def test_check_nccl_network(environ, alps_gpu, plugins, status, text):
 )
 def test_check_fabric_env(change, alps_gpu, status, text):
     environ = {k: v for k, v in (ALPS_FABRIC_ENV | change).items() if v is not None}
-    result = doctor.check_fabric_env(environ, alps_gpu)
+    result = checks.check_fabric_env(environ, alps_gpu)
     assert result.status == status and text in result.message, result
 
 
 def test_check_directory_ok_and_not_created(tmp_path):
-    result = doctor.check_directory("run_dir", tmp_path / "new" / "run", 0.0, lambda p: None)
+    result = checks.check_directory("run_dir", tmp_path / "new" / "run", 0.0, lambda p: None)
     assert result.status == OK and f"(in {tmp_path})" in result.message
     assert not (tmp_path / "new").exists()
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
@@ -253,7 +254,7 @@ def test_check_directory_ok_and_not_created(tmp_path):
 
 def test_check_directory_below_a_file_fails(tmp_path):
     (tmp_path / "f").write_text("")
-    result = doctor.check_directory("run_dir", tmp_path / "f" / "run", 0.0, lambda p: None)
+    result = checks.check_directory("run_dir", tmp_path / "f" / "run", 0.0, lambda p: None)
     assert result.status == FAIL and "is not a directory; choose another run_dir" in result.message
 
 
@@ -261,19 +262,19 @@ def test_check_directory_below_a_file_fails(tmp_path):
 def test_check_directory_read_only_fails(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    result = doctor.check_directory("data_dir", locked, 0.0, lambda p: None)
+    result = checks.check_directory("data_dir", locked, 0.0, lambda p: None)
     assert result.status == FAIL and "is not writable" in result.message
 
 
 def test_check_directory_free_space_and_striping(tmp_path):
-    full = doctor.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
+    full = checks.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
     assert full.status == WARN and "GiB free" in full.message
-    flat = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
-    layout = doctor.lustre_layout(REPO / "scripts" / "stripe_lustre.sh")
+    flat = checks.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
+    layout = checks.lustre_layout(REPO / "scripts" / "stripe_lustre.sh")
     assert layout and flat.status == WARN
     assert f"run scripts/stripe_lustre.sh {tmp_path} (lfs setstripe {layout})" in flat.message
     for stripes in (32, -1):
-        striped = doctor.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
+        striped = checks.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
         assert striped.status == OK and f"stripe count {stripes}" in striped.message
 
 
@@ -282,10 +283,10 @@ def test_stripe_advice_reads_the_layout_from_the_script(tmp_path):
     script = tmp_path / "scripts" / "stripe_lustre.sh"
     script.parent.mkdir()
     script.write_text("#!/bin/bash\nLAYOUT=(-E 8M -c 1  -E -1 -c 16)\n")
-    advice = doctor.stripe_advice(Path("/d"), roots=(tmp_path,))
+    advice = checks.stripe_advice(Path("/d"), roots=(tmp_path,))
     assert advice == "scripts/stripe_lustre.sh /d (lfs setstripe -E 8M -c 1 -E -1 -c 16)"
     script.unlink()  # a package installed away from the repository: the script is named
-    assert doctor.stripe_advice(Path("/d"), roots=(tmp_path,)).startswith(
+    assert checks.stripe_advice(Path("/d"), roots=(tmp_path,)).startswith(
         "scripts/stripe_lustre.sh /d from the repository"
     )
 
@@ -301,21 +302,21 @@ def test_lustre_stripe_count_reads_lfs(tmp_path, monkeypatch):
             subprocess.run([lfs], check=False)
         except PermissionError:
             pytest.skip(f"{tmp_path} does not allow running programs (noexec)")
-        assert doctor.lustre_stripe_count(tmp_path) == count
+        assert checks.lustre_stripe_count(tmp_path) == count
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert doctor.lustre_stripe_count(tmp_path) is None  # no lfs: not checked
+    assert checks.lustre_stripe_count(tmp_path) is None  # no lfs: not checked
 
 
 def test_check_clock_skew():
-    assert doctor.check_clock_skew({"a": 100.0, "b": 100.2}).status == OK
-    skewed = doctor.check_clock_skew({"a": 100.0, "b": 103.5, "c": 101.0})
+    assert checks.check_clock_skew({"a": 100.0, "b": 100.2}).status == OK
+    skewed = checks.check_clock_skew({"a": 100.0, "b": 103.5, "c": 101.0})
     assert skewed.status == WARN and "3.5 s between a and b" in skewed.message
 
 
 def test_check_gpu_sharing():
-    assert doctor.check_gpu_sharing({0: ("a", None), 1: ("a", None)}) is None
-    assert doctor.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u1"), 2: ("b", "u0")}).status == OK
-    shared = doctor.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u0"), 2: ("a", "u1")})
+    assert checks.check_gpu_sharing({0: ("a", None), 1: ("a", None)}) is None
+    assert checks.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u1"), 2: ("b", "u0")}).status == OK
+    shared = checks.check_gpu_sharing({0: ("a", "u0"), 1: ("a", "u0"), 2: ("a", "u1")})
     assert shared.status == FAIL and "ranks 0-1 on a use the same GPU" in shared.message
 
 
@@ -346,13 +347,13 @@ def test_parse_sizes_and_format():
         with pytest.raises(argparse.ArgumentTypeError):
             doctor.parse_sizes(bad)
     assert [doctor.format_size(n) for n in (512, 2**20, 3 * 2**30)] == ["512 B", "1 MiB", "3 GiB"]
-    assert doctor.format_ranks([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert checks.format_ranks([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
 
 
 def test_report_lines_group_ranks():
-    bad = doctor.Result(FAIL, "run_dir", "run_dir /x is not writable")
-    ok = doctor.Result(OK, "cpu", "8 cores")
-    odd = doctor.Result(WARN, "cpu", "2 cores")
+    bad = checks.Result(FAIL, "run_dir", "run_dir /x is not writable")
+    ok = checks.Result(OK, "cpu", "8 cores")
+    odd = checks.Result(WARN, "cpu", "2 cores")
     per_rank = {0: ("a", [bad, ok]), 1: ("a", [bad, ok]), 2: ("b", [bad, odd])}
     lines = doctor.report_lines(per_rank)
     assert lines == [
@@ -360,5 +361,5 @@ def test_report_lines_group_ranks():
         "WARN  cpu          2 cores [rank 2 on b]",
         "OK    cpu          8 cores [ranks 0-1 on a]",
     ]
-    many = {r: ("a", [doctor.Result(OK, "gpus", f"v{r}")]) for r in range(5)}
+    many = {r: ("a", [checks.Result(OK, "gpus", f"v{r}")]) for r in range(5)}
     assert doctor.report_lines(many, max_variants=2)[-1].endswith("3 more variant(s)")

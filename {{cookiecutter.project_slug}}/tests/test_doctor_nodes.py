@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import PACKAGE, REPO, free_port, rank_env
 
-doctor_nodes = pytest.importorskip(f"{PACKAGE}.doctor_nodes")
+doctor_nodes = pytest.importorskip(f"{PACKAGE}.doctor.nodes")
 
 # Two gloo ranks on this machine that claim different hosts; RANK_CLOCK_SHIFT_S moves rank 1's
 # clock (time.time) as a node with a wrong clock would have it.
@@ -20,7 +20,7 @@ import importlib, json, os, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 
-doctor_nodes = importlib.import_module(os.environ["PACKAGE"] + ".doctor_nodes")
+doctor_nodes = importlib.import_module(os.environ["PACKAGE"] + ".doctor.nodes")
 rank = int(os.environ["RANK"])
 if rank == 1:
     shift, real_time = float(os.environ["RANK_CLOCK_SHIFT_S"]), time.time

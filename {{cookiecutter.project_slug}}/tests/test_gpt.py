@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }} import tokens
+from {{ cookiecutter.package_name }}.data import shards, tokens
 from {{ cookiecutter.package_name }}.models import gpt
 
 
@@ -154,7 +154,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
         size += path.stat().st_size
         if size > 1_500_000:
             break
-    tokens.write_text_dataset(chosen, tmp_path / "ds", val_fraction=0.02)
+    shards.write_text_dataset(chosen, tmp_path / "ds", val_fraction=0.02)
     data = tokens.TokenDataset.open(tmp_path / "ds")
     model = gpt.GPT(gpt.gpt_config("tiny", data.vocab_size))
     block = model.config.block_size

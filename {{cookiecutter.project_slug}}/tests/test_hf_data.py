@@ -18,9 +18,10 @@ pa = pytest.importorskip("pyarrow", reason="installed with datasets")
 import pyarrow.parquet as pq  # noqa: E402
 from conftest import PACKAGE, REPO, TINY  # noqa: E402
 
-from {{ cookiecutter.package_name }} import hf_data, tokenizer  # noqa: E402
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
-from {{ cookiecutter.package_name }}.tokens import DatasetError, TokenDataset  # noqa: E402
+from {{ cookiecutter.package_name }}.data import hf as hf_data  # noqa: E402
+from {{ cookiecutter.package_name }}.data import tokenizer  # noqa: E402
+from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset  # noqa: E402
 
 WORDS = "alps cluster node train token shard lustre model batch step the a of and".split()
 
@@ -259,7 +260,7 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
 
 
 def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
-    from {{ cookiecutter.package_name }} import data_benchmark
+    from {{ cookiecutter.package_name }}.data import benchmark as data_benchmark
 
     root, docs = corpus
     assert data_benchmark.main(["--hf", str(root / "pq"), "--tokenizer", str(bpe)]) == 0

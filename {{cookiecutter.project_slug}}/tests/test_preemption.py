@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import TINY, checkpoint_steps
 
-from {{ cookiecutter.package_name }} import preemption
-from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.config.settings import load_config
+from {{ cookiecutter.package_name }}.run import preemption
 from {{ cookiecutter.package_name }}.train import train
 
 

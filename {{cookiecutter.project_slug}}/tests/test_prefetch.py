@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.prefetch import CudaCopier, Prefetcher, StandInCopier
+from {{ cookiecutter.package_name }}.data.prefetch import CudaCopier, Prefetcher, StandInCopier
 
 
 def numbered(n, started=None):

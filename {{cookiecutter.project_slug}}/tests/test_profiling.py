@@ -7,8 +7,8 @@ import torch
 from conftest import TINY
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.profiling import StepProfiler, parse_window
+from {{ cookiecutter.package_name }}.config.settings import ConfigError, load_config
+from {{ cookiecutter.package_name }}.telemetry.profiling import StepProfiler, parse_window
 
 
 def step_markers(trace_path):

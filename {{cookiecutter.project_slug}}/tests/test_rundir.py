@@ -10,10 +10,10 @@ import pytest
 from _faults import fail_writes
 from conftest import TINY
 
-from {{ cookiecutter.package_name }} import atomic, preemption
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import load_config, save_config
-from {{ cookiecutter.package_name }}.rundir import REQUEUE, RunDir, RunDirError
+from {{ cookiecutter.package_name }}.config.settings import load_config, save_config
+from {{ cookiecutter.package_name }}.run import atomic, preemption
+from {{ cookiecutter.package_name }}.run.rundir import REQUEUE, RunDir, RunDirError
 
 
 def test_the_run_directory_names_each_path_once(tmp_path):

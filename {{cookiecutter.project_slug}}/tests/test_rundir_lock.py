@@ -14,8 +14,8 @@ import time
 import pytest
 from _faults import fail_writes
 
-from {{ cookiecutter.package_name }}.rundir import LOCK, RunDirError
-from {{ cookiecutter.package_name }}.rundir_lock import RunDirBusy, acquire, hold
+from {{ cookiecutter.package_name }}.run.lock import RunDirBusy, acquire, hold
+from {{ cookiecutter.package_name }}.run.rundir import LOCK, RunDirError
 
 
 def plant(run_dir, **holder):

@@ -6,7 +6,7 @@ import time
 
 from conftest import TINY, Ranks, checkpoint_steps
 
-from {{ cookiecutter.package_name }} import interrupts, preemption
+from {{ cookiecutter.package_name }}.run import interrupts, preemption
 
 
 class Clock:
@@ -50,15 +50,13 @@ def test_the_second_stop_signal_exits_at_once_naming_the_last_checkpoint(
 
 def test_no_checkpoint_yet_is_said_and_other_ranks_stay_quiet(tmp_path, caplog, monkeypatch):
     exits, clock = [], Clock()
-    monkeypatch.setenv("RANK", "0")
-    second = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock)
+    second = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock, is_main=True)
     second(signal.SIGTERM)
     clock.now += 1
     second(signal.SIGTERM)
     assert exits == [143] and "no complete checkpoint yet" in caplog.text
     caplog.clear()
-    monkeypatch.setenv("RANK", "3")
-    quiet = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock)
+    quiet = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock, is_main=False)
     quiet(signal.SIGTERM)
     clock.now += 1
     quiet(signal.SIGTERM)

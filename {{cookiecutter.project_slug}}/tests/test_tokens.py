@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import shards, tokens
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.tokens import DatasetError, TokenDataset
+from {{ cookiecutter.package_name }}.data import shards, tokens
+from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset
 
 
 def test_byte_tokenizer_round_trip():
@@ -319,7 +319,7 @@ def test_datasets_written_before_max_ids_were_recorded_are_scanned(tmp_path):
 
 
 def test_resume_compares_datasets_by_fingerprint_not_path_spelling(caplog):
-    from {{ cookiecutter.package_name }}.config import Config, ConfigError, check_resume
+    from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, check_resume
 
     saved = Config(dataset="data/x/")
     for spelling in ("./data/x", "/abs/data/x", "data/x"):

@@ -9,8 +9,8 @@ import re
 import pytest
 from _faults import fail_writes
 
-from {{ cookiecutter.package_name }} import tracking
-from {{ cookiecutter.package_name }}.tracking import TrackerError, open_tracker
+from {{ cookiecutter.package_name }}.telemetry import tracking
+from {{ cookiecutter.package_name }}.telemetry.tracking import TrackerError, open_tracker
 
 CONFIG = {"lr": 0.01, "run_dir": "runs/a"}
 

@@ -5,7 +5,7 @@ import torch
 from conftest import TINY, TINY_MLP, checkpoint_steps
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.metrics import read_records
+from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 from {{ cookiecutter.package_name }}.train import enable_tf32
 
 

@@ -400,7 +400,7 @@ class Edf:
         return found
 
 
-HOME = "/users/${USER}"  # $HOME on Alps (alps-facts, storage table)
+HOME = "/users/${USER}"  # $HOME on Alps (https://docs.cscs.ch/storage/filesystems/)
 # Mounted over the image's own directory, these hide the image's system (a bare source mounts
 # at the same path in the container).
 SYSTEM_DIRS = {"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/proc", "/sys"}
@@ -562,7 +562,7 @@ ABSENT = object()
 OFI = "com.hooks.aws_ofi_nccl.enabled"
 CXI = "com.hooks.cxi.enabled"
 
-# The Alps Extended Image requirements, and the one NGC/other images have (CE docs, alps-facts).
+# The Alps Extended Image requirements, and the one NGC/other images have (https://docs.cscs.ch/software/alps-extended-images/).
 BASE_REQUIREMENTS = [
     BaseRequirement(
         "EDF-EXT-OFI",

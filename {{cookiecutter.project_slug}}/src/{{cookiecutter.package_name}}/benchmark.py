@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, distributed
-from .config import Config
+from .config.settings import Config
 from .distributed import DistEnv
 from .train import build, input_pipeline, make_optimizer, parallel, train_step
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from . import arguments, hf_data
-from .config import ConfigError, load_config
+from . import arguments
+from .config.settings import ConfigError, load_config
+from .data import hf as hf_data
 from .distributed import LaunchError, is_collective_timeout
 from .models import MODELS
-from .rundir import os_error_text
+from .run.rundir import os_error_text
 
 log = logging.getLogger(__package__)
 
@@ -102,7 +103,7 @@ def make_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
     hf_data.add_train_tokenizer(sub)
     gen = sub.add_parser("generate", help="sample text from a run's newest checkpoint")
-    gen.add_argument("run", metavar="run_dir=DIR", help="the run directory")
+    gen.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
     gen.add_argument("--prompt", default="\n", help="text to continue")
     gen.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.8)
@@ -113,21 +114,37 @@ def make_parser() -> argparse.ArgumentParser:
         "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
     )
     export = sub.add_parser("export", help="one unsharded model file from a run's checkpoint")
-    export.add_argument("run", metavar="run_dir=DIR", help="the run directory")
+    export.add_argument(
+        "run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory"
+    )
     export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
     plot = sub.add_parser("plot", help="PNG of loss and throughput from metrics.jsonl")
-    plot.add_argument("path", metavar="run_dir=DIR", help="the run directory (or a metrics.jsonl)")
+    plot.add_argument(
+        "path",
+        type=plot_source,
+        metavar="run_dir=DIR",
+        help="the run directory (or a metrics.jsonl)",
+    )
     plot.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
+    parser.subcommands = dict(sub.choices)  # each subcommand's parser, for arguments.parse
     return parser
 
 
 def run_dir_argument(text: str) -> Path:
-    """`run_dir=DIR` (the spelling of the training overrides) or a plain path."""
-    return Path(text.partition("=")[2] if text.startswith("run_dir=") else text)
+    """`run_dir=DIR`, the spelling of the training overrides."""
+    key, _, value = text.partition("=")
+    if key != "run_dir" or not value:
+        raise argparse.ArgumentTypeError(f"expected run_dir=DIR, got {text[:80]!r}")
+    return Path(value)
+
+
+def plot_source(text: str) -> Path:
+    """`run_dir=DIR`, or a metrics.jsonl file."""
+    return Path(text) if Path(text).is_file() else run_dir_argument(text)
 
 
 def make_dataset(args: argparse.Namespace) -> int:
-    from . import shards, tokens
+    from .data import shards, tokens
 
     if args.hf:
         index = hf_data.make_dataset(args)
@@ -150,7 +167,7 @@ def make_dataset(args: argparse.Namespace) -> int:
 def make_array_dataset(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .data import synthetic_arrays, write_dataset
+    from .data.batches import synthetic_arrays, write_dataset
 
     if (args.x is None) != (args.y is None):
         raise ConfigError("make-dataset needs both --x and --y, or neither (synthetic data)")
@@ -170,7 +187,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from .generate import stream
 
     pieces = stream(
-        run_dir_argument(args.run),
+        args.run,
         args.prompt,
         args.tokens,
         args.temperature,
@@ -199,7 +216,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "train-tokenizer":
         return hf_data.train_tokenizer_command(args)
     if args.command == "doctor":
-        from .doctor import main as doctor
+        from .doctor.preflight import main as doctor
 
         return doctor(args.doctor_argv)
     if args.command == "generate":
@@ -207,12 +224,12 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "export":
         from .checkpoint import export_model
 
-        print(f"wrote {export_model(run_dir_argument(args.run), args.out)}")
+        print(f"wrote {export_model(args.run, args.out)}")
         return 0
     if args.command == "plot":
-        from .metrics import plot
+        from .telemetry.metrics import plot
 
-        print(f"wrote {plot(run_dir_argument(args.path), args.out)}")
+        print(f"wrote {plot(args.path, args.out)}")
         return 0
     overrides = list(args.overrides)
     if args.command == "benchmark":
@@ -244,12 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv.insert(0, "train")  # `python -m <pkg> --config ... key=value` trains
-    args = arguments.parse(make_parser(), argv)  # any order; older spellings too
+    args = arguments.parse(make_parser(), argv)  # options and key=value in any order
     if not logging.getLogger(__package__).handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from .rundir import RunDirError
-    from .tokens import DatasetError
-    from .tracking import TrackerError
+    from .data.tokens import DatasetError
+    from .run.rundir import RunDirError
+    from .telemetry.tracking import TrackerError
 
     try:
         return dispatch(args, argv)

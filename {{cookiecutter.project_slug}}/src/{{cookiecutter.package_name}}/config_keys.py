@@ -2,10 +2,10 @@
 
 Everything about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
-docs table shows. The general keys are declared in config.py, each model's own keys in its module
-under models/; validation, the defaults check of configs/default.toml and the docs table are
-derived from these declarations. This module imports nothing of the package, so the models can
-use it.
+docs table shows. The general keys are declared in config/settings.py, each model's own keys in
+its module under models/; validation, the defaults check of configs/default.toml and the docs
+table are derived from these declarations. This module imports nothing of the package, so the
+models can use it.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_model_state
-from .config import Config, ConfigError
-from .data import DataInfo
+from .config.settings import Config, ConfigError
+from .data.info import DataInfo
+from .data.shards import file_sha256
+from .data.tokenizer import recorded_tokenizer_sha256, text_codec, tokenizer_file
 from .models import spec_of
 from .models.spec import sample
-from .shards import file_sha256
-from .tokenizer import recorded_tokenizer_sha256, text_codec, tokenizer_file
 
 log = logging.getLogger(__package__)
 
@@ -33,13 +33,11 @@ def saved_config(values: dict) -> Config:
     return Config(**{k: v for k, v in values.items() if k in known})
 
 
-def saved_data_info(values: dict, state: dict) -> DataInfo:
-    """The dataset's info the run was built with (recorded in the checkpoint by train.py)."""
-    if "data_info" in values:
-        return DataInfo(**values["data_info"])
-    # Checkpoints written before data_info was recorded: the only language model then was the
-    # GPT, whose token embedding holds the (padded) vocabulary.
-    return DataInfo("tokens", "", vocab_size=state["wte.weight"].shape[0])
+def saved_data_info(values: dict, run_dir) -> DataInfo:
+    """The dataset's info the run was built with (train.py records it in every checkpoint)."""
+    if not isinstance(values.get("data_info"), dict):
+        raise ConfigError(f"{run_dir}: its checkpoint records no data_info (not this package's)")
+    return DataInfo(**values["data_info"])
 
 
 MAX_TOKENS = 100_000  # a typo such as --tokens 1e9 is refused instead of running for days
@@ -118,7 +116,7 @@ def stream(
             f"{run_dir} trained model={cfg.model!r}, a {spec.task.name}; generate needs a "
             "language model"
         )
-    info = saved_data_info(values, state)
+    info = saved_data_info(values, run_dir)
     model = spec.build(cfg, info)
     model.load_state_dict(state)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())

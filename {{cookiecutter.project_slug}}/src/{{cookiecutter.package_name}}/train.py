@@ -18,15 +18,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import checkpoint, console, data, distributed, metrics, parallel, preemption, rundir_lock
-from .config import Config, ConfigError, check_resume, check_run_dir_config, save_config
+from . import checkpoint, distributed, parallel
+from .config.settings import Config, ConfigError, check_resume, check_run_dir_config, save_config
+from .data import batches as data
+from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
-from .interrupts import SecondSignal
 from .models import spec_of
 from .models.spec import ModelSpec
-from .prefetch import CudaCopier, Prefetcher, StandInCopier
-from .profiling import StepProfiler
-from .rundir import RunDir, RunDirError, reported
+from .run import lock as rundir_lock
+from .run import preemption
+from .run.interrupts import SecondSignal
+from .run.rundir import RunDir, RunDirError, reported
+from .telemetry import console, metrics
+from .telemetry.profiling import StepProfiler
 
 log = logging.getLogger(__package__)
 
@@ -196,11 +200,16 @@ def evaluate(run: Run, eval_set: list) -> dict:
     return run.spec.task.eval_metrics(*distributed.all_reduce(totals).tolist())
 
 
+def main_rank() -> bool:
+    """Whether this process is rank 0, before the process group exists."""
+    return distributed.resolve_env().rank == 0
+
+
 def train(cfg: Config) -> int:
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
-        preemption.PreemptionFlag(SecondSignal(cfg.run_dir)) as flag,
+        preemption.PreemptionFlag(SecondSignal(cfg.run_dir, is_main=main_rank())) as flag,
         distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (
             env,
             device,

@@ -13,8 +13,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
-from ..atomic import atomic_write
-from ..rundir import RunDir
+from ..run.atomic import atomic_write
+from ..run.rundir import RunDir
 from .integrity import MARKER, CheckpointError, complete_steps, step_path, verify
 from .manager import single_process_is_intended
 

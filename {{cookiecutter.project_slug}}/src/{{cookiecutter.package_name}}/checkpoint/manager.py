@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
 
-from ..atomic import atomic_write_text
+from ..run.atomic import atomic_write_text
 from .integrity import (
     MARKER,
     CheckpointError,

@@ -21,7 +21,7 @@ from ..config_keys import ConfigError, Key
 from . import spec
 
 if TYPE_CHECKING:
-    from ..data import DataInfo
+    from ..data.info import DataInfo
 
 # GPT-2 sizes (Radford et al. 2019, table 2; the "350m" and "1.3b" names follow GPT-3, table 2.1).
 # "tiny" trains on a CPU in seconds.

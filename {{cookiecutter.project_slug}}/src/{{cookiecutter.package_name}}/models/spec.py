@@ -21,7 +21,7 @@ from torch import nn
 from ..config_keys import Key
 
 if TYPE_CHECKING:
-    from ..data import DataInfo
+    from ..data.info import DataInfo
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):

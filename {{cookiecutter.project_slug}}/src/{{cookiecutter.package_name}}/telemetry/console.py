@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from .models import spec_of
+from ..models import spec_of
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 SLOW_STEP_S = 2.0  # warn when a CPU step is expected to take longer than this
 

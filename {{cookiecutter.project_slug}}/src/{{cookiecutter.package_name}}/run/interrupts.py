@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .rundir import RunDir
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # One event can deliver two signals: Ctrl-C under torchrun reaches a worker from the terminal
@@ -30,17 +30,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SAME_EVENT_S = 0.5
 
 
-def rank_from_env() -> int:
-    """This process's rank before the process group exists (0 when run alone)."""
-    for key in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
 def last_complete_checkpoint(run_dir: Path) -> int | None:
-    from .checkpoint import complete_steps
+    from ..checkpoint import complete_steps
 
     steps = complete_steps(RunDir(run_dir).checkpoints)
     return steps[-1] if steps else None
@@ -54,10 +45,11 @@ class SecondSignal:
         run_dir: str | Path,
         exit: Callable[[int], object] = os._exit,  # no cleanup: "at once" means at once
         clock: Callable[[], float] = time.monotonic,
+        is_main: bool = True,  # rank 0 says what happens; the others stay quiet
     ):
         self.run_dir, self.exit, self.clock = Path(run_dir), exit, clock
         self.first_at: float | None = None
-        self.is_main = rank_from_env() == 0
+        self.is_main = is_main
 
     def __call__(self, signum: int) -> None:
         if signum not in STOP_SIGNALS:
@@ -92,7 +84,9 @@ class SecondSignal:
                 where,
                 RunDir(self.run_dir).checkpoints,
             )
-            for handler in logging.getLogger(__package__).handlers + logging.getLogger().handlers:
+            for handler in (
+                logging.getLogger(__name__.split(".")[0]).handlers + logging.getLogger().handlers
+            ):
                 try:
                     handler.flush()  # os._exit skips it
                 except (OSError, ValueError):  # a closed or broken stream: nothing to save

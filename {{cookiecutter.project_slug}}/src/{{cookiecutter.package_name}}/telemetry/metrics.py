@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from . import distributed, tracking
-from .rundir import RunDir, reported
+from .. import distributed
+from ..run.rundir import RunDir, reported
+from . import tracking
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -58,7 +59,7 @@ class Metrics:
             RunDir.of(run_dir),
             dataclasses.asdict(cfg),
             env.is_main,
-            project=cfg.wandb_project or __package__,
+            project=cfg.wandb_project or __name__.split(".")[0],
             mode=cfg.wandb_mode,
             resume_step=start_step,
         )

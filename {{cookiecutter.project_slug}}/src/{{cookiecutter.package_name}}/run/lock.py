@@ -29,7 +29,7 @@ from pathlib import Path
 from .atomic import atomic_write_bytes, create_exclusive
 from .rundir import RunDir, RunDirError, os_error_text
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 STALE_AFTER_S = 900.0  # no heartbeat for 15 min: the holder is gone (a node died, say)
 

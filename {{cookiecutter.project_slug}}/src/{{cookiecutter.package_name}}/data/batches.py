@@ -24,32 +24,22 @@ import os
 import random
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .atomic import atomic_write_text
-from .config_keys import ConfigError
-from .preemption import SIGNALS
+from ..config_keys import ConfigError
+from ..run.atomic import atomic_write_text
+from ..run.preemption import SIGNALS
+from .info import DataInfo
+from .shards import file_sha256
 
 INDEX_FILE = "index.json"
 FORMAT = "npy-arrays/1"
 SYNTHETIC_TOKENS = 2**20
 GPT2_VOCAB = 50257
-
-
-@dataclass(frozen=True)
-class DataInfo:
-    """What the model needs to know about the data, and the fingerprint a resume checks."""
-
-    kind: str  # "arrays" or "tokens"
-    fingerprint: str
-    num_features: int = 0  # arrays
-    num_classes: int = 0  # arrays
-    vocab_size: int = 0  # tokens
 
 
 class ArraySource:
@@ -121,7 +111,7 @@ def open_source(cfg, spec=None):
     """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory), of the kind
     the model's task reads (`spec`: the run's models.spec.ModelSpec, by default cfg.model's)."""
     if spec is None:
-        from .models import spec_of
+        from ..models import spec_of
 
         spec = spec_of(cfg)
     if spec.task.data == "tokens":
@@ -279,14 +269,6 @@ def write_dataset(
     return out
 
 
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def open_dataset(directory: Path):
     """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps."""
     directory = Path(directory)
@@ -295,7 +277,7 @@ def open_dataset(directory: Path):
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{directory / INDEX_FILE} not found: dataset directories are written by "
-            f"`python -m {__package__} make-dataset --out DIR`"
+            f"`python -m {__name__.split('.')[0]} make-dataset --out DIR`"
         ) from None
     if index.get("format") != FORMAT:
         raise ConfigError(

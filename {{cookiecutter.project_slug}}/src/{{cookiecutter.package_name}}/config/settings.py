@@ -11,22 +11,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write_text
-from .config_keys import ConfigError, Key, not_empty, parse_interval
-from .models import DEFAULT_MODEL, MODELS, model_keys, spec_of
-from .rundir import RunDir
+from ..config_keys import ConfigError, Key, not_empty, parse_interval
+from ..models import DEFAULT_MODEL, MODELS, model_keys, spec_of
+from ..run.atomic import atomic_write_text
+from ..run.rundir import RunDir
+from .files import read_files, read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
-
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 __all__ = ["Config", "ConfigError", "load_config", "check_resume", "save_config", "to_toml"]
 
@@ -178,7 +173,7 @@ def validate(cfg) -> Config:
                 f"config key {name!r} belongs to model {' and '.join(owners)}, but this run "
                 f"trains model={cfg.model}; remove it or set model={owners[0]}"
             )
-    from .profiling import check_profile_keys  # their format: profiling.py
+    from ..telemetry.profiling import check_profile_keys  # their format: profiling.py
 
     check_profile_keys(cfg.profile_steps, cfg.profile_memory)
     if cfg.min_lr > cfg.lr:
@@ -202,8 +197,6 @@ def load_config(
     path: str | Path | Sequence[str | Path] | None, overrides: list[str] = ()
 ) -> Config:
     """Defaults <- TOML files (merged in order, `extends` followed) <- `key=value` overrides."""
-    from .config_files import read_files  # the files' format: config_files.py
-
     values: dict[str, Any] = read_files(path, parse_value)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -211,16 +204,6 @@ def load_config(
             raise ConfigError(f"override {item!r} is not of the form key=value")
         values[key.strip()] = parse_value(key.strip(), value.strip())
     return validate(Config(**values))
-
-
-def read_toml(path: str | Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
 
 
 def toml_value(value: Any) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 from pathlib import Path
 
+from ..run.atomic import atomic_write
 from .shards import describe, file_sha256
 from .tokens import BYTE_VOCAB, MAX_VOCAB, DatasetError, decode_bytes, encode_bytes, read_index
 
@@ -114,13 +114,10 @@ def train_tokenizer(files: list[Path], vocab_size: int, out: Path) -> int:
     except Exception as err:  # e.g. a file that is not UTF-8 text
         raise DatasetError(f"train-tokenizer: cannot train on {describe(files)}: {err}") from None
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(tmp))
-        os.replace(tmp, out)
+        atomic_write(out, lambda tmp: tokenizer.save(str(tmp)))
     except Exception as err:  # OSError, or the Rust side's plain Exception for a failed write
-        tmp.unlink(missing_ok=True)
         raise DatasetError(
             f"{out}: cannot write: {getattr(err, 'strerror', None) or err}"
         ) from None

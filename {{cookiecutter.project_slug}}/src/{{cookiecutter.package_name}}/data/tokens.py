@@ -1,6 +1,6 @@
 """Token datasets for language models: a few large shards of uint16 or uint32 tokens, memmapped.
 
-A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` and `hf_data.py`):
+A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` and `hf.py`):
 
     index.json                            format, dtype, vocab_size, tokenizer, fingerprint, and
                                           each shard's token count and largest id
@@ -47,15 +47,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return DTYPES["uint16"] if vocab_size <= 2**16 else DTYPES["uint32"]
 
 
-def __getattr__(name: str):
-    """The writers live in shards.py; `tokens.write_text_dataset` etc. still reach them."""
-    if name in ("write_text_dataset", "write_token_dataset", "write_shards"):
-        from . import shards
-
-        return getattr(shards, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class DatasetError(ValueError):
     """A token file or dataset directory that cannot be used; the message names the path."""
 
@@ -100,7 +91,7 @@ def read_index(directory: Path) -> dict:
         index = json.loads(path.read_text())
     except FileNotFoundError:
         raise DatasetError(
-            f"{path} not found: token datasets are written by `python -m {__package__} "
+            f"{path} not found: token datasets are written by `python -m {__name__.split('.')[0]} "
             "make-dataset --stdlib | --text FILE... | --hf SOURCE --tokenizer PATH | "
             "--tokens FILE --vocab-size V --out DIR`"
         ) from None

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_write
-from .config import ConfigError
-from .rundir import RunDir
+from ..config_keys import ConfigError
+from ..run.atomic import atomic_write
+from ..run.rundir import RunDir
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 WINDOW = re.compile(r"([0-9]+):([0-9]+)", re.ASCII)
 MEMORY_ENTRIES = 200_000  # allocation events kept in the CUDA memory history

@@ -19,13 +19,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-OK, WARN = "OK", "WARN"  # the doctor's statuses
-MAX_CLOCK_OFFSET_S = 1.0  # as the doctor's clock check: log timestamps of nodes stop lining up
+from .checks import MAX_CLOCK_SKEW_S, MIB, OK, WARN, WARN_FRACTION
+
 PING_ROUNDS = 8  # round trips per node; the shortest one gives the estimate
-MIB = 2**20
 QUICK_SIZES = (MIB, 16 * MIB)
 FULL_SIZES = (MIB, 64 * MIB, 256 * MIB)
-WARN_FRACTION = 0.5  # warn below half the expected bandwidth, as the doctor does
 
 Check = tuple[str, str, str]  # (status, check name, one-line message): the doctor's Result
 
@@ -53,7 +51,7 @@ def check_clock_offsets(reference: str, offsets: dict[str, tuple[float, float]])
     ]
     shown = ", ".join(parts[:3]) + (", ..." if len(parts) > 3 else "")
     worst_host, (worst, rtt) = max(offsets.items(), key=lambda item: abs(item[1][0]))
-    if abs(worst) - rtt / 2 > MAX_CLOCK_OFFSET_S:
+    if abs(worst) - rtt / 2 > MAX_CLOCK_SKEW_S:
         return (
             WARN,
             "clock_nodes",

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
+MIB = 2**20
 MIN_TORCH = (2, 4)  # pyproject.toml: torch>=2.4
 MIN_FREE_GIB = 20.0  # room for a few checkpoints
-MIN_CORES_PER_GPU_RANK = (
-    16  # srun without -c gives a rank 8 of its Grace's 72 cores (alps-facts 7b)
-)
-MAX_CLOCK_SKEW_S = 1.0
+MIN_CORES_PER_GPU_RANK = 16  # srun without -c gives a rank 8 of its Grace's 72 cores (https://docs.cscs.ch/running/slurm/)
+MAX_CLOCK_SKEW_S = 1.0  # log timestamps of different nodes stop lining up
 WARN_FRACTION = 0.5  # warn below half the expected bus bandwidth
 AWS_LIBFABRIC = "AWS Libfabric"
 
@@ -33,8 +32,9 @@ AWS_LIBFABRIC = "AWS Libfabric"
 # with one rank per node, full topology 50 GB/s). The hardware peaks they sit under:
 # - inside a node the 4 GPUs talk over NVLink 4, at most 450 GB/s per direction per GPU
 #   (NVIDIA's H100 figure of 900 GB/s bidirectional);
-# - between nodes each node has 4 Slingshot-11 NICs of 200 Gb/s (alps-facts 7a), so 100 GB/s
-#   per node and direction with 4 ranks per node, 25 GB/s for a rank alone on its node.
+# - between nodes each node has 4 Slingshot-11 NICs of 200 Gb/s
+#   (https://docs.cscs.ch/alps/hardware/), so 100 GB/s per node and direction with 4 ranks per
+#   node, 25 GB/s for a rank alone on its node.
 # Our messages are smaller (1 GiB, or 64 MiB with --quick), hence the warning only below half.
 EXPECTED_BUSBW = {
     "nvlink": (250.0, "one node, NVLink"),
@@ -43,7 +43,8 @@ EXPECTED_BUSBW = {
 }
 
 # Libfabric/NCCL settings CSCS documents for NCCL on Slingshot: the docs' snippet for uenv jobs
-# (alps-facts 1a), also set by the pytorch uenv views (1b), the CE aws_ofi_nccl hook (1c), and
+# (https://docs.cscs.ch/software/communication/nccl/), also set by the pytorch uenv views, the
+# CE aws_ofi_nccl hook (https://docs.cscs.ch/software/container-engine/resource-hook/), and
 # required by CSCS's vetnode environment check. Values differ between those sources, so only
 # their presence is checked, plus NCCL_PROTO, which must keep LL128 off.
 FABRIC_VARIABLES = (
@@ -96,7 +97,7 @@ def check_torch_origin(
     torch_file: str, prefix: str, base_prefix: str, system_site: bool, on_alps: bool
 ) -> Result:
     """torch must come from the image/uenv: a venv made with --system-site-packages is meant to
-    reuse that build (with the NCCL that CSCS tested), not install its own (alps-facts 6)."""
+    reuse that build (with the NCCL that CSCS tested), not install its own (https://docs.cscs.ch/software/ml/pytorch/)."""
     # abspath, not resolve(): a venv may link to files elsewhere, what counts is where Python
     # found torch
     where = os.path.dirname(os.path.abspath(torch_file))
@@ -210,8 +211,9 @@ def check_nccl_network(
 ) -> Result:
     """On Alps NCCL must reach the Slingshot NICs through the aws-ofi-nccl plugin (libfabric).
     Without it NCCL falls back to TCP sockets silently, unless NCCL_NET="AWS Libfabric" forces
-    the plugin and makes a missing one an error at start (alps-facts 1a). A wrong NCCL_NET is
-    reported on every run; the plugin is required on Alps GPU runs (`alps_gpu_run`)."""
+    the plugin and makes a missing one an error at start
+    (https://docs.cscs.ch/software/communication/nccl/). A wrong NCCL_NET is reported on every
+    run; the plugin is required on Alps GPU runs (`alps_gpu_run`)."""
     net = environ.get("NCCL_NET")
     if net is not None and net != AWS_LIBFABRIC and net.strip("'\"") == AWS_LIBFABRIC:
         return Result(
@@ -237,7 +239,7 @@ def check_nccl_network(
                 "nccl_net",
                 f"NCCL_NET_PLUGIN={named!r} names no library on LD_LIBRARY_PATH or in ldconfig "
                 f"(looked for libnccl-net-{named}.so); unset NCCL_NET_PLUGIN and keep "
-                f'NCCL_NET="{AWS_LIBFABRIC}" (alps-facts 1a)',
+                f'NCCL_NET="{AWS_LIBFABRIC}" (https://docs.cscs.ch/software/communication/nccl/)',
             )
     if not alps_gpu_run:
         return Result(OK, "nccl_net", f"not an Alps GPU run: NCCL_NET={net or 'unset'}")
@@ -284,7 +286,7 @@ def check_fabric_env(environ: Mapping[str, str], alps_gpu_run: bool) -> Result:
             WARN,
             "fabric_env",
             f"unset or off: {', '.join(problems)}; uenv: export the CSCS NCCL settings in the "
-            "job script; container: enable the aws_ofi_nccl hook (alps-facts 1)",
+            "job script; container: enable the aws_ofi_nccl hook (https://docs.cscs.ch/software/container-engine/resource-hook/)",
         )
     return Result(OK, "fabric_env", "CSCS's NCCL/libfabric settings are present")
 
@@ -359,7 +361,7 @@ def check_directory(
     stripe_count: Callable[[Path], int | None] = lustre_stripe_count,
 ) -> Result:
     """`path` exists and is writable, or its nearest existing parent is (it will be created
-    there); enough free space; on Lustre, striped as CSCS recommends (alps-facts 5a)."""
+    there); enough free space; on Lustre, striped as CSCS recommends (https://docs.cscs.ch/guides/storage/)."""
     existing = nearest_existing(path)
     if not existing.is_dir():
         return Result(

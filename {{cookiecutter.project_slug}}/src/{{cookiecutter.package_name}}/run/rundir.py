@@ -4,7 +4,7 @@
         checkpoints/step-00000100/   sharded checkpoints (see `checkpoint`)
         metrics.jsonl                one JSON record per log step, eval and checkpoint
         config.toml                  the resolved configuration of the run
-        LOCK                         who trains here now (see `rundir_lock`)
+        LOCK                         who trains here now (see `run/lock.py`)
         REQUEUE                      "checkpoint written, requeue me" (the job script reads it)
         tracker.json                 the experiment tracker's run id (W&B)
         tensorboard/  wandb/         tracker output, if one is configured

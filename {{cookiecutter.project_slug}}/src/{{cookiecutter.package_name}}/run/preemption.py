@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import distributed
+from .. import distributed
+from ..config_keys import parse_interval
 from .atomic import atomic_write_text
-from .config_keys import parse_interval
 from .rundir import RunDir
 
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure

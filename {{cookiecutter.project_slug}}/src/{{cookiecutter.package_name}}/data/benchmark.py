@@ -1,4 +1,4 @@
-"""`python -m <pkg>.data_benchmark --tokenizer tokenizer.json (--hf SOURCE | --synthetic-mb N)`:
+"""`python -m <pkg>.data.benchmark --tokenizer tokenizer.json (--hf SOURCE | --synthetic-mb N)`:
 time `make-dataset --hf` against the tokenizer alone, and print one JSON line.
 
 - pipeline_tokens_per_s: the whole make-dataset run (read, encode, convert, write the shards,
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import hf_data
+from . import hf as hf_data
 from .tokenizer import load_tokenizer, require
 from .tokens import DatasetError, stdlib_files
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__package__}.data_benchmark", description=__doc__.splitlines()[0]
+        prog=f"python -m {__package__}.benchmark", description=__doc__.splitlines()[0]
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", metavar="SOURCE", help="as make-dataset --hf")

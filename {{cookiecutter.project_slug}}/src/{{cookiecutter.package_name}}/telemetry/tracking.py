@@ -21,10 +21,10 @@ import logging
 import os
 import secrets
 
-from .atomic import atomic_write_text
-from .rundir import RunDir, os_error_text
+from ..run.atomic import atomic_write_text
+from ..run.rundir import RunDir, os_error_text
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 KINDS = ("none", "tensorboard", "wandb")
 DISTRIBUTION = "{{ cookiecutter.project_slug }}"

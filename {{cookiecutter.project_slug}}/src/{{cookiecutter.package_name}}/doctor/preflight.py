@@ -28,12 +28,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import distributed, doctor_nodes
-from .distributed import DistEnv, LaunchError, wait_for_master
-from .doctor_checks import (  # noqa: F401  (the checks are part of the doctor's interface)
+from .. import distributed
+from ..distributed import DistEnv, LaunchError, wait_for_master
+from . import nodes as doctor_nodes
+from .checks import (
     AWS_LIBFABRIC,
     EXPECTED_BUSBW,
     FAIL,
+    MIB,
     OK,
     WARN,
     WARN_FRACTION,
@@ -50,14 +52,10 @@ from .doctor_checks import (  # noqa: F401  (the checks are part of the doctor's
     find_net_plugins,
     format_ranks,
     is_alps_node,
-    lustre_layout,
-    lustre_stripe_count,
-    stripe_advice,
     venv_has_system_site_packages,
 )
 
-PROG = f"python -m {__package__} doctor"
-MIB = 2**20
+PROG = f"python -m {__name__.split('.')[0]} doctor"
 FULL_SIZES = tuple(s * MIB for s in (1, 4, 16, 64, 256, 1024))
 QUICK_SIZES = tuple(s * MIB for s in (1, 8, 64))
 

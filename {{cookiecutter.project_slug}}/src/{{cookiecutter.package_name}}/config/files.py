@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from ..config_keys import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,7 +23,8 @@ else:  # Python 3.10
 EXTENDS = "extends"
 
 
-def _read_table(path: Path) -> dict[str, Any]:
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """One TOML file's table, or a one-line ConfigError naming the file and the cause."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -51,7 +52,7 @@ def read_file(
     if resolved in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, resolved))
         raise ConfigError(f"config file {path}: extends forms a cycle: {cycle}")
-    table = _read_table(path)
+    table = read_toml(path)
     values: dict[str, Any] = {}
     base = table.pop(EXTENDS, None)
     if base is not None:

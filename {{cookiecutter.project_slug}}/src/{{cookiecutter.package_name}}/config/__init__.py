@@ -1,0 +1,1 @@
+"""Configuration: the keys of a run, config files, the rules for resuming."""

@@ -1,0 +1,1 @@
+"""Data: batches as a function of the step, token shards, tokenizers, input prefetch."""

@@ -1,0 +1,1 @@
+"""Preflight checks of a node's environment and of the network between nodes."""

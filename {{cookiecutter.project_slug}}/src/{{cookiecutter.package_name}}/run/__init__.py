@@ -1,0 +1,1 @@
+"""The run directory: its paths and lock, atomic writes, preemption and interrupts."""

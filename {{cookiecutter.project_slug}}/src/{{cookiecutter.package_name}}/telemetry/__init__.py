@@ -1,0 +1,1 @@
+"""What a run reports: metrics, console lines, trackers, profiles, plots."""

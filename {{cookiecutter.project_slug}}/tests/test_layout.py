@@ -1,0 +1,129 @@
+"""The package's layout: its module map (docs/training.md) lists every module and only those, no
+module imports another in a cycle (also through imports inside functions or under
+TYPE_CHECKING), and no folder imports the top-level commands."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from conftest import PACKAGE, REPO
+
+from {{ cookiecutter.package_name }}.models import MODEL_MODULES
+
+SRC = REPO / "src" / PACKAGE
+COMMANDS = {"__main__", "cli", "train", "benchmark", "generate", "arguments"}  # the top level
+MAX_ROOT_MODULES = 12
+MAX_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    """src/<pkg>/data/tokens.py -> "data.tokens"; a folder's __init__.py -> the folder's name."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `path` imports, wherever the import statement is."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module and node.module.split(".")[0] == PACKAGE:
+                target = node.module.partition(".")[2]
+            else:
+                continue
+            for alias in node.names:  # `from . import tokens` imports the module data.tokens
+                sub = f"{target}.{alias.name}" if target else alias.name
+                found.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    found.add(alias.name.partition(".")[2])
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_folders_do_not_import_the_commands():
+    upward = {
+        (name, target)
+        for name, targets in import_graph().items()
+        if "." in name or name in {"config", "data", "run", "telemetry", "doctor", "models"}
+        for target in targets
+        if target in COMMANDS
+    }
+    assert not upward, f"a folder imports a top-level command: {sorted(upward)}"
+
+
+def test_the_module_map_is_the_tree():
+    text = (REPO / "docs" / "training.md").read_text()
+    mapped = set()
+    for row in re.findall(r"^\| (`[^|]+) \|", text, re.MULTILINE):
+        mapped |= set(re.findall(r"`([\w/]+\.py)`", row))
+    tree = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")}
+    tree -= {f"{d}/__init__.py" for d in ("config", "data", "run", "telemetry", "doctor")}
+    tree -= {"__init__.py"}
+    # a model you add is one file and one registry line (docs/your-model.md), not a map line too
+    tree -= {f"models/{name}.py" for name in MODEL_MODULES} - mapped
+    assert mapped == tree, (
+        f"in docs/training.md's module map but not in the package: {sorted(mapped - tree)}; "
+        f"in the package but not in the map: {sorted(tree - mapped)}"
+    )
+
+
+def test_small_modules_and_a_small_top_level():
+    top = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(top) <= MAX_ROOT_MODULES, top
+    long = {
+        p.relative_to(SRC).as_posix(): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_folders_import_nothing_when_imported():
+    for folder in ("config", "data", "run", "telemetry", "doctor"):
+        tree = ast.parse((SRC / folder / "__init__.py").read_text())
+        assert all(isinstance(n, ast.Expr) for n in tree.body), folder  # a docstring only
