@@ -1,7 +1,7 @@
 """Config file + overrides; errors name the key and the accepted values; the docs table."""
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.files import read_toml
@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.config.settings import (
     check_run_dir_config,
     docs_table,
     load_config,
+    save_config,
     to_toml,
 )
 from {{ cookiecutter.package_name }}.models import spec_of
@@ -151,7 +152,7 @@ def test_check_resume(caplog):
 
 
 def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):
-    (tmp_path / "config.toml").write_text(to_toml(load_config(None, ["preset=tiny"])))
+    save_config(load_config(None, ["preset=tiny"]), tmp_path / "config.toml")
     mlp = load_config(None, ["model=mlp", "lr=0.001"])
     with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
         check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
@@ -185,3 +186,24 @@ def test_docs_config_table_is_generated_from_the_declarations():
 if __name__ == "__main__":  # rewrite the table in docs/training.md
     head, rest = DOCS.read_text().split(BEGIN, 1)
     DOCS.write_text(f"{head}{BEGIN}\n{docs_table()}\n{END}{rest.split(END, 1)[1]}")
+
+
+def test_a_hand_edited_config_toml_gives_one_answer_the_checkpoints(
+    tmp_path, single_process, caplog, capsys
+):
+    """config.toml edited after the run wrote it: the checkpoint's record decides alone (one
+    refusal or none, naming config.toml), not two refusals that contradict each other."""
+    run = tmp_path / "run"
+    args = [*TINY, f"run_dir={run}", "max_steps=4", "checkpoint_every=2", "eval_every=0"]
+    assert main(args) == 0
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("lr = 0.01\n", "lr = 0.02\n"))
+    capsys.readouterr()
+    assert main(args) == 0  # the run's own values: it continues (here: already finished)
+    said = caplog.text + capsys.readouterr().err  # the package's log goes to stderr
+    assert f"{config} was edited after the run wrote it" in said and "config error" not in said
+    assert "lr = 0.01\n" in config.read_text()  # rewritten by the run
+    config.write_text(config.read_text().replace("lr = 0.01\n", "lr = 0.02\n"))
+    assert main([*args, "lr=0.02"]) == 2  # the edited values: refused once, by the checkpoint
+    err = capsys.readouterr().err
+    assert err.count("config error") == 1 and "the checkpoint" in err and "lr: 0.01 -> 0.02" in err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -219,11 +220,24 @@ def to_toml(cfg: Config | dict) -> str:
     return "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
 
 
+CONFIG_HEADER = "# resolved configuration of this run, written at start; checksum "
+
+
+def config_checksum(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
 def save_config(cfg: Config, path: Path) -> None:
-    """Written atomically: a run directory never holds half a config (nor a temp file)."""
-    atomic_write_text(
-        path, "# resolved configuration of this run (written at start)\n" + to_toml(cfg)
-    )
+    """Written atomically: a run directory never holds half a config (nor a temp file). The
+    header's checksum tells a config.toml edited by hand from the one the run wrote."""
+    body = to_toml(cfg)
+    atomic_write_text(path, f"{CONFIG_HEADER}{config_checksum(body)}\n{body}")
+
+
+def edited_by_hand(path: Path) -> bool:
+    """Whether the run's config.toml is no longer the one it wrote (see save_config)."""
+    header, _, body = path.read_text(errors="replace").partition("\n")
+    return header != CONFIG_HEADER + config_checksum(body)
 
 
 def changed_keys(saved: dict, cfg: Config, same_data: bool = False) -> list[str]:
@@ -265,8 +279,16 @@ def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> N
         return
     try:
         saved = read_toml(path)
+        edited = edited_by_hand(path)
     except ConfigError as err:  # the checkpoint's own record is still compared after loading
         log.warning("%s; comparing the config with the checkpoint's record instead", err)
+        return
+    if edited:  # the checkpoint's record decides alone, so there is one answer, not two
+        log.warning(
+            "%s was edited after the run wrote it; comparing the config with the checkpoint's "
+            "record instead (its values are the run's; the run rewrites config.toml)",
+            path,
+        )
         return
     # data/x/, ./data/x and /abs/data/x are one dataset (its contents are compared after loading)
     same_data = same_path(saved.get("dataset"), cfg.dataset)
