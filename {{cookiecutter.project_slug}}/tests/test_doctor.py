@@ -363,3 +363,9 @@ def test_report_lines_group_ranks():
     ]
     many = {r: ("a", [checks.Result(OK, "gpus", f"v{r}")]) for r in range(5)}
     assert doctor.report_lines(many, max_variants=2)[-1].endswith("3 more variant(s)")
+
+
+def test_the_doctor_finds_the_repository_it_lives_in():
+    """The stripe advice reads scripts/stripe_lustre.sh from the repository the package is in."""
+    assert checks.REPO_ROOT == REPO
+    assert (checks.REPO_ROOT / checks.STRIPE_SCRIPT).is_file()

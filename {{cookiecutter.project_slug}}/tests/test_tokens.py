@@ -102,7 +102,7 @@ def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
         "print(json.dumps(w(files, Path(sys.argv[1]), min_val_tokens=300)))"
     )
     args = [sys.executable, "-c", script, str(tmp_path / "ds"), *map(str, files)]
-    env = {**os.environ, "PYTHONPATH": str(Path(tokens.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(tokens.__file__).parents[2])}  # src/
     writers = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(2)]
     results = [json.loads(w.communicate(timeout=60)[0]) for w in writers]
     assert [w.returncode for w in writers] == [0, 0]

@@ -333,7 +333,7 @@ def lustre_stripe_count(path: Path) -> int | None:
 # CSCS's Lustre layout is written once, in the repository's scripts/stripe_lustre.sh
 # (LAYOUT=(...)); the advice below reads it from there, as tools/alps_lint.py does.
 STRIPE_SCRIPT = "scripts/stripe_lustre.sh"
-REPO_ROOT = Path(__file__).resolve().parents[2]  # src/<package>/ in the repository
+REPO_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/doctor/ in the repository
 
 
 def lustre_layout(script: Path) -> str | None:
