@@ -89,6 +89,15 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
         out = tmp_path / "m.png"
         assert main(["plot", str(run_dir / "metrics.jsonl"), "--out", str(out)]) == 0
         assert out.read_bytes()[:4] == b"\x89PNG"
+        # --out a directory: the plot goes into it, and the line says where
+        folder = tmp_path / "plots"
+        folder.mkdir()
+        assert main(["plot", f"run_dir={run_dir}", "--out", str(folder)]) == 0
+        assert f"wrote {folder / 'metrics.png'}" in capsys.readouterr().out
+        assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+        assert main(["plot", f"run_dir={run_dir}", "--out", str(tmp_path / "m.txt")]) == 1
+        assert "not an image format" in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.png", "plots", "run"]
 
 
 def test_help_lists_the_subcommands(capsys):

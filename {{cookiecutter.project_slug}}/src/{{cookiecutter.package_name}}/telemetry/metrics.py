@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from ..run.atomic import atomic_write
 from ..run.rundir import RunDir, reported
 from . import tracking
 
@@ -182,7 +183,13 @@ def plot(path: Path, out: Path | None = None) -> Path:
     if not train:
         raise RuntimeError(f"no training records (with step and loss) in {path}")
     out = Path(out) if out else (path if path.is_dir() else path.parent) / "metrics.png"
+    if out.is_dir():  # --out runs/a: the plot goes into it
+        out = out / "metrics.png"
+    fmt = out.suffix.lstrip(".").lower() or "png"
     fig, (ax_loss, ax_speed) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    if fmt not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise RuntimeError(f"plot --out {out}: .{fmt} is not an image format matplotlib writes")
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     if evals:
         ax_loss.plot(
@@ -196,6 +203,8 @@ def plot(path: Path, out: Path | None = None) -> Path:
     ax_speed.set_ylabel(f"{unit}/s (all ranks)")
     ax_speed.set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:  # complete or not at all, under the name said (savefig alone appends .png to "x")
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt))
+    finally:
+        plt.close(fig)
     return out
