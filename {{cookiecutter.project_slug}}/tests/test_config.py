@@ -207,3 +207,10 @@ def test_a_hand_edited_config_toml_gives_one_answer_the_checkpoints(
     assert main([*args, "lr=0.02"]) == 2  # the edited values: refused once, by the checkpoint
     err = capsys.readouterr().err
     assert err.count("config error") == 1 and "the checkpoint" in err and "lr: 0.01 -> 0.02" in err
+
+
+def test_a_very_long_value_is_shown_cut_with_its_length():
+    for item in ("n_layer=" + "9" * 400, "lr=" + "x" * 100_000, "device=" + "y" * 500):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [item])
+        assert len(str(err.value)) < 300 and "characters)" in str(err.value), item

@@ -21,6 +21,13 @@ class ConfigError(ValueError):
     """A config key is unknown, or its value is not accepted. The message names the key."""
 
 
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, or for a very long one the first 60
+    characters and the length (a pasted file must not become the message)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
 _FORMS = {
     int: "an integer, e.g. 100",
     float: "a number, e.g. 0.001",
@@ -68,7 +75,8 @@ class Key:
     def validate(self, value: Any) -> None:
         if self.choices and value not in self.choices:
             raise ConfigError(
-                f"config key {self.name!r} must be one of {', '.join(self.choices)}; got {value!r}"
+                f"config key {self.name!r} must be one of {', '.join(self.choices)}; "
+                f"got {shown(value)}"
             )
         if self.bounds:
             low, high = self.bounds
@@ -76,7 +84,7 @@ class Key:
             below = value < high if self.closed[1] == ")" else value <= high
             if not (above and below):
                 raise ConfigError(
-                    f"config key {self.name!r} must be in {self.accepted()}, got {value!r}"
+                    f"config key {self.name!r} must be in {self.accepted()}, got {shown(value)}"
                 )
         if self.check is not None:
             self.check(value)
@@ -119,7 +127,9 @@ def _convert(key: str, kind: type, value: Any) -> Any:
     except ConfigError:
         raise
     except (ValueError, TypeError, OverflowError):
-        raise ConfigError(f"config key {key!r} expects {_FORMS[kind]}, got {value!r}") from None
+        raise ConfigError(
+            f"config key {key!r} expects {_FORMS[kind]}, got {shown(value)}"
+        ) from None
 
 
 # ------------------------------------------------------------------ checkpoint_every, parsed once
@@ -141,7 +151,7 @@ def parse_interval(text: str) -> Interval:
     if not match:
         raise ConfigError(
             "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "
-            f'("30min"), "auto" or "0" (end only); got {text!r}'
+            f'("30min"), "auto" or "0" (end only); got {shown(text)}'
         )
     if text == "auto":
         return Interval(auto=True)
