@@ -165,18 +165,19 @@ PATTERNS |= {
 # BEGIN derived by tests/shadowed_names.py --write (torch + every extra)
 # fmt: off
 DEPENDENCY_MODULES = frozenset({
-    "_distutils_hack", "_multiprocess", "_pytest", "_xxhash", "_yaml", "absl", "annotated_types",
-    "anyio", "certifi", "cfgv", "charset_normalizer", "click", "contourpy",
+    "_distutils_hack", "_multiprocess", "_pytest", "_xxhash", "_yaml", "absl", "annotated_doc",
+    "annotated_types", "anyio", "certifi", "cfgv", "charset_normalizer", "click", "contourpy",
     "coreweave_evaluations", "cycler", "datasets", "dateutil", "dill", "distlib", "distro",
     "filelock", "fontTools", "fsspec", "functorch", "google", "grpc", "h11", "hf_xet", "httpcore",
     "httpcore2", "httpx", "httpx2", "huggingface_hub", "identify", "idna", "iniconfig", "isympy",
-    "jinja2", "kiwisolver", "markdown", "markupsafe", "matplotlib", "mpl_toolkits", "mpmath",
-    "multiprocess", "networkx", "nodeenv", "numpy", "opentelemetry", "packaging", "pandas", "PIL",
-    "platformdirs", "pluggy", "pre_commit", "py", "pyarrow", "pydantic", "pydantic_core",
-    "pygments", "pylab", "pyparsing", "pytest", "python_discovery", "requests", "safetensors",
-    "setuptools", "six", "sniffio", "sympy", "tensorboard", "tensorboard_data_server",
-    "tokenizers", "torch", "torchgen", "tqdm", "truststore", "typing_extensions",
-    "typing_inspection", "urllib3", "virtualenv", "wandb", "werkzeug", "xxhash", "yaml",
+    "jinja2", "kiwisolver", "markdown", "markdown_it", "markupsafe", "matplotlib", "mdurl",
+    "mpl_toolkits", "mpmath", "multiprocess", "networkx", "nodeenv", "numpy", "opentelemetry",
+    "packaging", "pandas", "PIL", "platformdirs", "pluggy", "pre_commit", "py", "pyarrow",
+    "pydantic", "pydantic_core", "pygments", "pylab", "pyparsing", "pytest", "python_discovery",
+    "regex", "requests", "rich", "safetensors", "setuptools", "shellingham", "six", "sniffio",
+    "sympy", "tensorboard", "tensorboard_data_server", "tokenizers", "torch", "torchgen", "tqdm",
+    "transformers", "truststore", "typer", "typing_extensions", "typing_inspection", "urllib3",
+    "virtualenv", "wandb", "werkzeug", "xxhash", "yaml",
 })
 # fmt: on
 # END derived

@@ -48,11 +48,20 @@ def test_package_layout(repo, package):
     }
     assert {p.stem for p in src.glob("*.py")} == modules
     packages = {
-        "checkpoint": {"__init__", "export", "integrity", "manager", "state"},
+        "checkpoint": {
+            "__init__",
+            "export",
+            "export_hf",
+            "hf_format",
+            "initial",
+            "integrity",
+            "manager",
+            "state",
+        },
         "config": {"__init__", "files", "settings"},
         "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "tokenizer", "tokens"},
         "doctor": {"__init__", "checks", "nodes", "preflight"},
-        "models": {"__init__", "spec", "gpt", "mlp"},
+        "models": {"__init__", "spec", "gpt", "gpt_hf", "mlp"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir"},
         "telemetry": {"__init__", "console", "metrics", "profiling", "tracking"},
     }

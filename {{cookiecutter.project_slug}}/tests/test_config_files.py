@@ -77,3 +77,13 @@ def test_repeated_config_and_mixed_order_train_and_record_the_resolved_config(
     recorded = load_config(run_dir / "config.toml")
     assert recorded.max_steps == 2 and recorded.lr == 0.01  # exp.toml over base.toml, then TINY
     assert recorded.checkpoint_every == "0" and recorded.run_dir == str(run_dir)
+
+
+def test_the_finetune_example_is_gpt2s_architecture():
+    cfg = load_config(REPO / "configs" / "experiments" / "finetune-gpt2.toml")
+    assert (cfg.bias, cfg.gelu, cfg.preset, cfg.init_from) == (
+        True,
+        "tanh",
+        "gpt2-124m",
+        "models/gpt2",
+    )

@@ -113,11 +113,21 @@ def make_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
     )
-    export = sub.add_parser("export", help="one unsharded model file from a run's checkpoint")
+    export = sub.add_parser(
+        "export", help="the model of a run's newest checkpoint: one file, or a Hugging Face dir"
+    )
     export.add_argument(
         "run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory"
     )
-    export.add_argument("--out", type=Path, required=True, help="model.pt or model.safetensors")
+    export.add_argument(
+        "--out", type=Path, required=True, help="model.pt, model.safetensors, or a new directory"
+    )
+    export.add_argument(
+        "--format",
+        choices=("file", "hf"),
+        default="file",
+        help="file: one state dict (.pt/.safetensors); hf: a directory transformers loads",
+    )
     plot = sub.add_parser("plot", help="PNG of loss and throughput from metrics.jsonl")
     plot.add_argument(
         "path",
@@ -222,6 +232,11 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "generate":
         return generate_command(args)
     if args.command == "export":
+        if args.format == "hf":
+            from .checkpoint.export_hf import export_hf
+
+            print(f"wrote {export_hf(args.run, args.out)}")
+            return 0
         from .checkpoint import export_model
 
         print(f"wrote {export_model(args.run, args.out)}")

@@ -9,7 +9,6 @@ as bytes for byte-level datasets (`make-dataset --stdlib/--text`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Iterator
@@ -18,26 +17,14 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_model_state
-from .config.settings import Config, ConfigError
-from .data.info import DataInfo
+from .config.settings import ConfigError, saved_config
+from .data.info import DataInfo, saved_data_info
 from .data.shards import file_sha256
 from .data.tokenizer import recorded_tokenizer_sha256, text_codec, tokenizer_file
 from .models import spec_of
 from .models.spec import sample
 
 log = logging.getLogger(__package__)
-
-
-def saved_config(values: dict) -> Config:
-    known = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in values.items() if k in known})
-
-
-def saved_data_info(values: dict, run_dir) -> DataInfo:
-    """The dataset's info the run was built with (train.py records it in every checkpoint)."""
-    if not isinstance(values.get("data_info"), dict):
-        raise ConfigError(f"{run_dir}: its checkpoint records no data_info (not this package's)")
-    return DataInfo(**values["data_info"])
 
 
 MAX_TOKENS = 100_000  # a typo such as --tokens 1e9 is refused instead of running for days

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed, parallel
+from .checkpoint.initial import check_source, load_initial_weights
 from .config.settings import Config, ConfigError, check_resume, check_run_dir_config, save_config
 from .data import batches as data
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
@@ -206,6 +207,8 @@ def main_rank() -> bool:
 
 
 def train(cfg: Config) -> int:
+    if cfg.init_from and not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
+        check_source(cfg.init_from, cfg.run_dir)  # refused before the run directory is touched
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
@@ -261,6 +264,11 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     """Load the newest good checkpoint into the run, refusing one from a different run."""
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
+    if step is None and run.cfg.init_from:
+        loaded = load_initial_weights(run.model, run.spec, run.cfg, run.source.info)
+        run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
+        log.info("starting a new run in %s from the weights of %s", run.cfg.run_dir, loaded)
+        return
     if step is None:
         log.info("starting a new run in %s", run.cfg.run_dir)
         return

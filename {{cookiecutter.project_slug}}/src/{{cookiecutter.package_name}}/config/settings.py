@@ -41,6 +41,7 @@ GENERAL_KEYS = (
     Key("device", "auto", "auto: CUDA when a GPU is visible, else CPU",
         choices=("auto", "cpu", "cuda")),
     # model (the selected model's own keys follow this one)
+    Key("init_from", "", 'start a new run from weights: a run_dir or a Hugging Face model dir'),
     Key("model", DEFAULT_MODEL, "the model to train: a module in models/ (docs/your-model.md)",
         choices=tuple(MODELS), resume=True),
     Key("dropout", 0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True),
@@ -213,6 +214,12 @@ def toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
+
+
+def saved_config(values: dict) -> Config:
+    """The Config a checkpoint records (its values; keys this version does not know dropped)."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in values.items() if k in known})
 
 
 def to_toml(cfg: Config | dict) -> str:

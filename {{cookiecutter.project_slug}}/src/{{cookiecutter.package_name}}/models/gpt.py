@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config_keys import ConfigError, Key
-from . import spec
+from . import gpt_hf, spec
 
 if TYPE_CHECKING:
     from ..data.info import DataInfo
@@ -44,6 +44,7 @@ class GPTConfig:
     vocab_size: int  # rows of the embedding: the tokenizer's vocabulary padded, see padded_vocab
     dropout: float = 0.0
     bias: bool = False  # biases in the linear layers and LayerNorms (GPT-2 had them)
+    gelu: str = "exact"  # the MLP's GELU: "exact" (erf) or "tanh" (GPT-2's approximation)
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -56,6 +57,8 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPT dropout must be in [0, 1), got {self.dropout!r}")
+        if self.gelu not in ("exact", "tanh"):
+            raise ValueError(f"GPT gelu must be 'exact' or 'tanh', got {self.gelu!r}")
 
 
 def padded_vocab(vocab_size: int) -> int:
@@ -105,7 +108,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -229,6 +232,14 @@ KEYS = (
         bounds=(0, 2**20),
         resume=True,
     ),
+    Key("bias", False, "biases in the linear layers and LayerNorms (GPT-2: true)", resume=True),
+    Key(
+        "gelu",
+        "exact",
+        "the MLP's GELU: exact, or tanh (GPT-2's approximation)",
+        choices=("exact", "tanh"),
+        resume=True,
+    ),
 )
 
 
@@ -258,7 +269,12 @@ def config_of(cfg, info: DataInfo) -> GPTConfig:
             f"{info.vocab_size}; use 0 (the dataset's) or a larger value"
         )
     return gpt_config(
-        cfg.preset, cfg.vocab_size or info.vocab_size, **sizes(cfg), dropout=cfg.dropout
+        cfg.preset,
+        cfg.vocab_size or info.vocab_size,
+        **sizes(cfg),
+        dropout=cfg.dropout,
+        bias=cfg.bias,
+        gelu=cfg.gelu,
     )
 
 
@@ -278,4 +294,12 @@ SPEC = spec.ModelSpec(
     flops_per_sample=training_flops,
     check=check,
     describe=lambda cfg: f"gpt:{cfg.preset}",
+    hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
+        load=lambda cfg, info, hf, tensors: gpt_hf.from_hf(
+            hf, tensors, config_of(cfg, info), cfg.vocab_size or info.vocab_size
+        ),
+        save=lambda cfg, info, state: gpt_hf.to_hf(
+            state, config_of(cfg, info), cfg.vocab_size or info.vocab_size
+        ),
+    ),
 )

@@ -68,6 +68,16 @@ CLASSIFIER = Task("classifier", data="arrays", unit="samples", generates=False)
 
 
 @dataclass(frozen=True)
+class HFAdapter:
+    """A model's Hugging Face form. load(cfg, info, config_json, tensors): the model's state
+    dict, raising ValueError naming the first setting that differs from the run's; save(cfg,
+    info, state): (config_json, tensors) that transformers' AutoModelForCausalLM loads."""
+
+    load: Callable[[Any, DataInfo, dict, dict], dict]
+    save: Callable[[Any, DataInfo, dict], tuple[dict, dict]]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the package needs to train, resume, benchmark and sample a model.
 
@@ -84,6 +94,8 @@ class ModelSpec:
         window for a language model), for MFU; None: counted by running one sample.
     check(cfg): relations between the model's keys, raising ConfigError at load time.
     describe(cfg): the name the benchmark reports (e.g. "gpt:gpt2-124m").
+    hf: how the model reads and writes a Hugging Face model directory (`init_from=DIR`,
+        `export --format hf`); None: it has no Hugging Face form.
     """
 
     name: str
@@ -95,6 +107,7 @@ class ModelSpec:
     flops_per_sample: Callable[[Any, nn.Module, DataInfo], float] | None = None
     check: Callable[[Any], None] | None = None
     describe: Callable[[Any], str] | None = None
+    hf: HFAdapter | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo) -> float:
         if self.flops_per_sample is not None:

@@ -1,0 +1,146 @@
+"""Hugging Face model directories on disk: `config.json` and the weights in safetensors, one file
+(`model.safetensors`) or shards with an index (`model.safetensors.index.json`), as
+`save_pretrained` writes them. Reading needs the `safetensors` package (the `[hf]` extra), not
+transformers. Which names and shapes a model has is its spec's business (`ModelSpec.hf`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..config_keys import ConfigError
+from ..run.atomic import atomic_write_text, fsync, temp_name
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5 * 2**30  # transformers' default shard size (5 GB)
+
+
+def safetensors_module():
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise ConfigError(
+            "Hugging Face weights need the safetensors package: pip install -e '.[hf]'"
+        ) from None
+    return safetensors
+
+
+def is_hf_dir(path: Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def read_config(directory: Path) -> dict:
+    path = Path(directory) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return config
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of `directory`, from its index when it has one."""
+    directory = Path(directory)
+    if (directory / INDEX).is_file():
+        try:
+            names = sorted(set(json.loads((directory / INDEX).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{directory / INDEX}: unreadable index ({err})") from None
+        files = [directory / name for name in names]
+    elif (directory / SINGLE).is_file():
+        files = [directory / SINGLE]
+    else:
+        raise ConfigError(
+            f"{directory} has no {SINGLE} or {INDEX} (PyTorch .bin files are not read)"
+        )
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(
+            f"{directory}: the index names missing weight files: {', '.join(missing)}"
+        )
+    return files
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors files, on the CPU."""
+    safetensors = safetensors_module()
+    tensors: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except Exception as err:  # SafetensorError (truncated, not safetensors), OSError
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"{path}: cannot read the weights ({first})") from None
+    return tensors
+
+
+def write_model_dir(
+    out: Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    extra_files: dict[str, Path] = {},  # noqa: B006 - read only: name in out -> file to copy
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Path:
+    """Write a directory save_pretrained would write, complete or not at all: everything goes to
+    a temporary directory next to `out`, which is renamed to `out` at the end."""
+    safetensors = safetensors_module()
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"{out} exists: export writes a new directory")
+    tmp = temp_name(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        shards = shard(tensors, max_shard_bytes)
+        names = (
+            [SINGLE]
+            if len(shards) == 1
+            else [
+                f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+            ]
+        )
+        for name, part in zip(names, shards, strict=True):
+            safetensors.torch.save_file(part, str(tmp / name), metadata={"format": "pt"})
+        if len(shards) > 1:
+            index = {
+                "metadata": {
+                    "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
+                },
+                "weight_map": {
+                    key: name for name, part in zip(names, shards, strict=True) for key in part
+                },
+            }
+            atomic_write_text(tmp / INDEX, json.dumps(index, indent=2) + "\n")
+        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2) + "\n")
+        for name, source in extra_files.items():
+            shutil.copyfile(source, tmp / name)
+        for path in tmp.iterdir():
+            fsync(path)
+        tmp.rename(out)
+        fsync(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Tensors in order, a new shard whenever the next one would pass `max_bytes`."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards

@@ -1,0 +1,111 @@
+"""The GPT in Hugging Face's GPT-2 format (`GPT2LMHeadModel`): OpenAI's GPT-2 weights, or any
+GPT-2 checkpoint, into the package's GPT (`init_from=DIR`), and the package's GPT out as a
+directory transformers, lm-eval and vLLM load (`export --format hf`).
+
+The two differ in names only, and in one layout: GPT-2's linear layers are `Conv1D`s whose
+weight is stored (in, out), the transpose of `nn.Linear`'s (out, in) - as nanoGPT's
+`from_pretrained` does. GPT-2 has biases and the tanh GELU (`gelu_new`): the package's GPT
+takes them with `bias=true gelu=tanh`; a GPT without biases is written with zero biases.
+Nothing here imports transformers: config.json is plain JSON.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}  # HF name -> ours
+BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal masks some GPT-2 files carry: not weights
+
+
+class Mismatch(ValueError):
+    """The Hugging Face model is not the configured GPT; the message names the first setting."""
+
+
+def check_config(hf: dict, gpt, vocab_size: int) -> None:
+    """`hf` (config.json) against the run's GPTConfig `gpt` and its real vocabulary."""
+    if hf.get("model_type") != "gpt2":
+        raise Mismatch(
+            f"model_type is {hf.get('model_type')!r}, not 'gpt2' (model=gpt reads GPT-2)"
+        )
+    activation = hf.get("activation_function", "gelu_new")
+    wanted = {
+        "n_layer": ("n_layer", gpt.n_layer),
+        "n_head": ("n_head", gpt.n_head),
+        "n_embd": ("n_embd", gpt.n_embd),
+        "n_positions": ("block_size", gpt.block_size),
+        "vocab_size": ("vocab_size (the dataset's or the config's)", vocab_size),
+    }
+    for key, (ours, value) in wanted.items():
+        if hf.get(key) != value:
+            raise Mismatch(f"its {key} is {hf.get(key)!r}, the run's {ours} is {value!r}")
+    if GELU.get(activation) != gpt.gelu:
+        need = GELU.get(activation)
+        raise Mismatch(
+            f"its activation_function is {activation!r}"
+            + (f": set gelu={need}" if need else ": not a GELU the GPT has")
+        )
+    if not gpt.bias:
+        raise Mismatch("GPT-2 has biases: set bias=true")
+    if hf.get("n_inner") not in (None, 4 * gpt.n_embd):
+        raise Mismatch(f"its n_inner is {hf['n_inner']}, the GPT's MLP is 4 x n_embd")
+    if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        raise Mismatch(f"its layer_norm_epsilon is {hf['layer_norm_epsilon']}, the GPT's 1e-5")
+    if hf.get("tie_word_embeddings", True) is False:
+        raise Mismatch("its output layer is not tied to the token embedding (the GPT's is)")
+
+
+def from_hf(hf: dict, tensors: dict[str, torch.Tensor], gpt, vocab_size: int) -> dict:
+    """GPT-2 tensors (names with or without `transformer.`) -> the GPT's state dict. The
+    embedding's rows are padded with zeros to the GPT's padded vocabulary."""
+    check_config(hf, gpt, vocab_size)
+    state = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("transformer.")
+        if name.endswith(BUFFERS) or name == "lm_head.weight":  # masks; the tied output layer
+            continue
+        ours = name.replace("h.", "blocks.", 1) if name.startswith("h.") else name
+        state[ours] = tensor.t() if name.endswith(CONV1D) else tensor
+    wte = state.get("wte.weight")
+    if wte is not None and wte.shape[0] < gpt.vocab_size:
+        state["wte.weight"] = torch.cat(
+            [wte, wte.new_zeros(gpt.vocab_size - wte.shape[0], wte.shape[1])]
+        )
+    if "wte.weight" in state:
+        state["lm_head.weight"] = state["wte.weight"]
+    return state
+
+
+def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, dict]:
+    """The GPT's state dict -> (config.json, tensors) of a GPT2LMHeadModel: the embedding cut
+    to the real vocabulary, Conv1D weights transposed, zero biases for a GPT without them."""
+    tensors = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight":  # tied to wte: GPT-2 stores it once
+            continue
+        hf = "h." + name.removeprefix("blocks.") if name.startswith("blocks.") else name
+        value = tensor[:vocab_size] if name == "wte.weight" else tensor
+        tensors["transformer." + hf] = (value.t() if hf.endswith(CONV1D) else value).contiguous()
+    if not gpt.bias:
+        for name, tensor in list(tensors.items()):
+            if name.endswith(".weight") and "wte" not in name and "wpe" not in name:
+                out = tensor.shape[-1] if name.endswith(CONV1D) else tensor.shape[0]
+                tensors[name.removesuffix(".weight") + ".bias"] = tensor.new_zeros(out)
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": gpt.block_size,
+        "n_embd": gpt.n_embd,
+        "n_layer": gpt.n_layer,
+        "n_head": gpt.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new" if gpt.gelu == "tanh" else "gelu",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    return config, tensors
