@@ -152,6 +152,15 @@ def train_ranks(run_dir: Path, log_dir: Path, extra: list[str] = (), world: int 
     return Ranks([*TINY, f"run_dir={run_dir}", *extra], log_dir, world)
 
 
+def one_line(capsys) -> str:
+    """The one line a command wrote to stderr, with no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
 def last_logged_step(run_dir: Path) -> int:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():

@@ -9,18 +9,10 @@ import time
 
 import pytest
 import torch
-from conftest import PACKAGE, clean_env
+from conftest import PACKAGE, clean_env, one_line
 
 import {{ cookiecutter.package_name }}.train as train_module
 from {{ cookiecutter.package_name }}.cli import main
-
-
-def one_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.mark.parametrize(

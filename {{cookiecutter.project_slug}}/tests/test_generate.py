@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import PACKAGE, REPO, TINY, clean_env
+from conftest import PACKAGE, REPO, TINY, clean_env, one_line
 
 from {{ cookiecutter.package_name }}.cli import main
 
@@ -20,14 +20,6 @@ def run_dir(tmp_path_factory):
     args = [*TINY, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
     assert main(["train", *args]) == 0
     return run
-
-
-def one_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.mark.parametrize(
