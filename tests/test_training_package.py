@@ -42,6 +42,7 @@ def test_package_layout(repo, package):
         "cli",
         "config_keys",
         "distributed",
+        "evaluate",
         "generate",
         "parallel",
         "train",

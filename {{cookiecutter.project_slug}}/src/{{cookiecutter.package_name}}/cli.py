@@ -1,5 +1,5 @@
-"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|export|plot] ...`
-(and `train-tokenizer`).
+"""Command line: `python -m <pkg> [train|benchmark|doctor|make-dataset|generate|evaluate|...]`
+(and `export`, `plot`, `train-tokenizer`).
 
 Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
 error, 1 any other failure (including a run directory held by another live job).
@@ -31,6 +31,7 @@ COMMANDS = (
     "make-dataset",
     "train-tokenizer",
     "generate",
+    "evaluate",
     "export",
     "plot",
 )
@@ -112,6 +113,15 @@ def make_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
+    )
+    evaluate = sub.add_parser(
+        "evaluate", help="loss, bits per token and perplexity of a run's newest checkpoint (JSON)"
+    )
+    evaluate.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="run_dir=DIR (required); dataset=, eval_batches=, batch_size=, device=",
     )
     export = sub.add_parser(
         "export", help="the model of a run's newest checkpoint: one file, or a Hugging Face dir"
@@ -231,6 +241,10 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return doctor(args.doctor_argv)
     if args.command == "generate":
         return generate_command(args)
+    if args.command == "evaluate":
+        from .evaluate import main as run_evaluate
+
+        return run_evaluate(args.overrides)
     if args.command == "export":
         if args.format == "hf":
             from .checkpoint.export_hf import export_hf
