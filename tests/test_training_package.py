@@ -62,7 +62,7 @@ def test_package_layout(repo, package):
         "config": {"__init__", "files", "settings"},
         "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "tokenizer", "tokens"},
         "doctor": {"__init__", "checks", "nodes", "preflight"},
-        "models": {"__init__", "spec", "gpt", "gpt_hf", "mlp"},
+        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir"},
         "telemetry": {"__init__", "console", "metrics", "profiling", "tracking"},
     }

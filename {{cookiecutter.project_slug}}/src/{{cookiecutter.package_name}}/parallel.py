@@ -22,14 +22,22 @@ log = logging.getLogger(__package__)
 
 
 class CheckpointedBlock(nn.Module):
-    """Recompute the block's activations in backward instead of keeping them."""
+    """Recompute the block's activations in backward instead of keeping them. Passes on every
+    argument (a transformers decoder layer also takes masks and position embeddings) and lets
+    the model read the block's attributes (Qwen2's loop reads `layer.attention_type`)."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
         self.block = block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.block, x, use_reentrant=False)
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # parameters, buffers, submodules (`block`)
+        except AttributeError:
+            return getattr(self.block, name)
 
 
 def blocks_of(spec, model: nn.Module) -> nn.ModuleList | None:

@@ -264,8 +264,9 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     """Load the newest good checkpoint into the run, refusing one from a different run."""
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
-    if step is None and run.cfg.init_from:
-        loaded = load_initial_weights(run.model, run.spec, run.cfg, run.source.info)
+    initial = run.cfg.init_from or (run.spec.initial_weights and run.spec.initial_weights(run.cfg))
+    if step is None and initial:
+        loaded = load_initial_weights(run.model, run.spec, run.cfg, run.source.info, initial)
         run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
         log.info("starting a new run in %s from the weights of %s", run.cfg.run_dir, loaded)
         return

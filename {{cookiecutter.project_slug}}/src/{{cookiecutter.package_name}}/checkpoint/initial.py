@@ -56,9 +56,10 @@ def check_source(init_from: str, run_dir: str) -> None:
         )
 
 
-def load_initial_weights(model: torch.nn.Module, spec, cfg, info) -> str:
-    """Load `cfg.init_from` into `model` (plain, DDP or FSDP2); returns what was loaded."""
-    path = Path(cfg.init_from)
+def load_initial_weights(model: torch.nn.Module, spec, cfg, info, source: str) -> str:
+    """Load `source` (init_from, or the model's own initial weights) into `model` (plain, DDP
+    or FSDP2); returns what was loaded."""
+    path = Path(source)
     if hf_format.is_hf_dir(path):
         return _from_hf_dir(model, spec, cfg, info, path)
     return _from_run_dir(model, path)
@@ -71,9 +72,10 @@ def _from_hf_dir(model, spec, cfg, info, path: Path) -> str:
             "start from a run directory of this package instead"
         )
     config = hf_format.read_config(path)
-    tensors = hf_format.read_tensors(path)
     try:
-        state = spec.hf.load(cfg, info, config, tensors)
+        state = spec.hf.load(cfg, info, path)
+    except ConfigError:  # the directory's files: the message names them
+        raise
     except ValueError as err:
         raise ConfigError(f"init_from={path}: not the configured model: {err}") from None
     expected = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}

@@ -14,6 +14,7 @@ DEFAULT_MODEL = "gpt"  # the `model` config key's default
 MODEL_MODULES = (
     "gpt",  # a GPT-2 style language model (the default)
     "mlp",  # the minimal classifier example
+    "hf",  # any transformers causal LM from a directory (hf_model=DIR; the [hf] extra)
 )
 
 

@@ -76,6 +76,14 @@ def from_hf(hf: dict, tensors: dict[str, torch.Tensor], gpt, vocab_size: int) ->
     return state
 
 
+def load_dir(directory, gpt, vocab_size: int) -> dict:
+    """The GPT's state dict from a GPT-2 directory (config.json and safetensors)."""
+    from ..checkpoint import hf_format
+
+    config = hf_format.read_config(directory)
+    return from_hf(config, hf_format.read_tensors(directory), gpt, vocab_size)
+
+
 def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, dict]:
     """The GPT's state dict -> (config.json, tensors) of a GPT2LMHeadModel: the embedding cut
     to the real vocabulary, Conv1D weights transposed, zero biases for a GPT without them."""

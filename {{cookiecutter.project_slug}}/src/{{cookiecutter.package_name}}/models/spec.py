@@ -69,11 +69,11 @@ CLASSIFIER = Task("classifier", data="arrays", unit="samples", generates=False)
 
 @dataclass(frozen=True)
 class HFAdapter:
-    """A model's Hugging Face form. load(cfg, info, config_json, tensors): the model's state
-    dict, raising ValueError naming the first setting that differs from the run's; save(cfg,
-    info, state): (config_json, tensors) that transformers' AutoModelForCausalLM loads."""
+    """A model's Hugging Face form. load(cfg, info, directory): the directory's weights as the
+    model's state dict, raising ValueError naming the first setting that differs from the run's;
+    save(cfg, info, state): (config_json, tensors) that transformers' AutoModelForCausalLM loads."""
 
-    load: Callable[[Any, DataInfo, dict, dict], dict]
+    load: Callable[[Any, DataInfo, Any], dict]
     save: Callable[[Any, DataInfo, dict], tuple[dict, dict]]
 
 
@@ -96,6 +96,8 @@ class ModelSpec:
     describe(cfg): the name the benchmark reports (e.g. "gpt:gpt2-124m").
     hf: how the model reads and writes a Hugging Face model directory (`init_from=DIR`,
         `export --format hf`); None: it has no Hugging Face form.
+    initial_weights(cfg): where a new run's weights come from when init_from is not set (a
+        directory init_from accepts), or None: the weights `build` made.
     """
 
     name: str
@@ -108,6 +110,7 @@ class ModelSpec:
     check: Callable[[Any], None] | None = None
     describe: Callable[[Any], str] | None = None
     hf: HFAdapter | None = None
+    initial_weights: Callable[[Any], str | None] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo) -> float:
         if self.flops_per_sample is not None:
