@@ -5,12 +5,21 @@ transformers are the original model's (lr=1e-12: the weights barely move)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import PACKAGE, REPO, TIMEOUT_S, Ranks, checkpoint_steps, clean_env
+from conftest import (
+    PACKAGE,
+    REPO,
+    TIMEOUT_S,
+    Ranks,
+    assert_same_training_state,
+    checkpoint_steps,
+    clean_env,
+)
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
@@ -122,3 +131,24 @@ def test_a_model_that_does_not_fit_the_data_is_one_line(tmp_path, extra, expecte
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert expected in done.stderr.strip().splitlines()[-1]
+
+
+def test_kill_9_then_the_same_command_resumes_bit_exactly(tmp_path):
+    """FSDP on two ranks, a real learning rate: killed at step 27 and started again, the run
+    ends with model, optimizer, schedule and RNG states identical to an uninterrupted one."""
+    make_model("qwen2", tmp_path / "model")
+    real = ["max_steps=40", "checkpoint_every=10", "keep_checkpoints=2", "lr=1e-2", "min_lr=1e-3",
+            "log_every=1", "preempt_check_every=1", "parallelism=fsdp"]  # fmt: skip
+    reference = tmp_path / "reference"
+    ranks = Ranks(args(tmp_path / "model", reference, *real), tmp_path / "logs0")
+    assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
+    run_dir = tmp_path / "run"
+    ranks = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs1")
+    ranks.wait_for_step(run_dir, 27)
+    ranks.send(signal.SIGKILL)
+    ranks.wait()
+    assert max(checkpoint_steps(run_dir)) < 40
+    again = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs2")
+    assert again.wait() == [0, 0], again.log(0)[-3000:]
+    assert "RESUMING" in again.log(0)
+    assert_same_training_state(reference, run_dir, 40)
