@@ -14,6 +14,7 @@ import random
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -217,9 +218,35 @@ def train(cfg: Config) -> int:
             env,
             device,
         ),
-        hold_run_dir(RunDir(cfg.run_dir), env) as lock,
     ):
-        return run_training(cfg, env, device, flag, lock)
+        check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
+        with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
+            return run_training(cfg, env, device, flag, lock)
+
+
+def run_identity(cfg: Config) -> dict:
+    """What every rank of one run must agree on: the resolved config, with the run directory
+    and the dataset as absolute paths (the same directory spelled two ways is one)."""
+    values = dataclasses.asdict(cfg)
+    for key in ("run_dir", "dataset", "init_from"):
+        if values[key] and values[key] != "synthetic":
+            values[key] = str(Path(values[key]).resolve())
+    return values
+
+
+def check_ranks_agree(what: str, values: dict) -> None:
+    """Every rank's `values` equal rank 0's, or every rank stops with one line naming the first
+    rank that differs and its keys (ranks given different arguments would train on silently,
+    write a checkpoint none can load, or hang in a collective)."""
+    gathered = distributed.all_gather_object(values)
+    for rank, other in enumerate(gathered):
+        keys = sorted(k for k in values if other.get(k) != gathered[0].get(k))
+        if keys:
+            shown = "; ".join(f"{k}: {gathered[0].get(k)!r} vs {other.get(k)!r}" for k in keys[:5])
+            raise ConfigError(
+                f"rank {rank}'s {what} differs from rank 0's ({shown}): every rank must run the "
+                "same run; check the arguments the launcher gives each rank"
+            )
 
 
 @contextmanager
@@ -262,6 +289,7 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
 
 def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     """Load the newest good checkpoint into the run, refusing one from a different run."""
+    check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
     initial = run.cfg.init_from or (run.spec.initial_weights and run.spec.initial_weights(run.cfg))

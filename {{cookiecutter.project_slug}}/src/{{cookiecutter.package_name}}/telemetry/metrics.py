@@ -132,12 +132,29 @@ class Metrics:
 
     def write(self, record: dict) -> None:
         if self.is_main:
-            with reported(f"cannot append to {self.path}"), open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            with reported(f"cannot append to {self.path}"):
+                close_cut_line(self.path)
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
             self.tracker.log(record)
 
     def close(self) -> None:
         self.tracker.close()
+
+
+def close_cut_line(path: Path) -> None:
+    """A last line without its newline (a write cut by a full disk or a kill) is ended before
+    the next record, with a warning, so the two do not merge into one unreadable line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+    except (FileNotFoundError, OSError):  # no file yet, or empty (seek before the start)
+        return
+    if cut:
+        log.warning("%s: its last line was cut off (a write interrupted); ended it there", path)
+        with open(path, "a") as f:
+            f.write("\n")
 
 
 def read_records(path: Path) -> list[dict]:

@@ -1,0 +1,64 @@
+"""Every rank runs the same run, and metrics.jsonl survives a cut last line (issue: ranks given
+different arguments trained on silently; a cut record swallowed the next run's first one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, free_port, rank_env
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
+
+SHORT = ["max_steps=2", "checkpoint_every=2", "eval_every=0", "log_every=1"]
+
+
+def two_ranks(args_of_rank: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", PACKAGE, *args],
+            cwd=REPO,
+            env=rank_env(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank, args in enumerate(args_of_rank)
+    ]
+    return [(p, *p.communicate(timeout=TIMEOUT_S)) for p in procs]
+
+
+def test_ranks_given_different_arguments_all_stop_before_writing(tmp_path):
+    run_dir = tmp_path / "run"
+    base = [*TINY, *SHORT, f"run_dir={run_dir}"]
+    results = two_ranks([base, [*base, "lr=0.02", "batch_size=2"]])
+    for proc, _, err in results:
+        assert proc.returncode == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert "rank 1's configuration differs from rank 0's" in last, last
+        assert "batch_size: 4 vs 2; lr: 0.01 vs 0.02" in last and "Traceback" not in err
+    assert not run_dir.exists()  # refused before the run directory was made
+
+
+def test_one_directory_spelled_two_ways_is_one_run(tmp_path):
+    run_dir = tmp_path / "run"
+    relative = os.path.relpath(run_dir, REPO)  # the ranks run in REPO
+    results = two_ranks(
+        [[*TINY, *SHORT, f"run_dir={run_dir}"], [*TINY, *SHORT, f"run_dir={relative}/"]]
+    )
+    assert [proc.returncode for proc, _, _ in results] == [0, 0], results[0][2][-2000:]
+
+
+def test_a_cut_last_line_is_closed_off_before_the_next_record(tmp_path, single_process, caplog):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cut = '{"kind": "train", "step": 7, "lo'  # a write cut by a full disk or a kill
+    (run_dir / "metrics.jsonl").write_text(cut)
+    assert main([*TINY, *SHORT, f"run_dir={run_dir}"]) == 0
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert lines[0] == cut  # left as it was, ended
+    steps = [r["step"] for r in read_records(run_dir) if r.get("kind") == "train"]
+    assert steps == [1, 2]  # the next records are whole, none swallowed
