@@ -49,7 +49,9 @@ SRUN_SHAPE = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
 # torchrun: one agent per node starting one worker per GPU, 2 GPUs: ranks 0,1 on the first node,
 # 2,3 on the second. (--nodes=2 is the configuration's own.)
 TORCHRUN_SHAPE = ("--gpus-per-node=2",)
-PREEMPT_STEPS = 60  # the signal, sent once step 10 is logged, stops training at step 20 or 30
+# 20-50 ms a step here: the signal, sent once step 10 is logged, must land before the end even
+# on an idle machine (60 steps, 1.6 s, lost that race once: scancel reaches the ranks in ~1 s)
+PREEMPT_STEPS = 300
 PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
 JOB_TIMEOUT = 300
 
