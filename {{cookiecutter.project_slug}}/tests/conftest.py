@@ -148,6 +148,24 @@ class Ranks:
         pytest.fail(f"step {step} not reached in {timeout} s")
 
 
+def two_ranks(args_of_rank: list[list[str]]) -> list[tuple[subprocess.Popen, str, str]]:
+    """Run the package as ranks 0 and 1 (gloo), each with its own arguments, to the end:
+    (process, stdout, stderr) of each."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", PACKAGE, *args],
+            cwd=REPO,
+            env=rank_env(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, args in enumerate(args_of_rank)
+    ]
+    return [(p, *p.communicate(timeout=TIMEOUT_S)) for p in procs]
+
+
 def train_ranks(run_dir: Path, log_dir: Path, extra: list[str] = (), world: int = 2) -> Ranks:
     return Ranks([*TINY, f"run_dir={run_dir}", *extra], log_dir, world)
 

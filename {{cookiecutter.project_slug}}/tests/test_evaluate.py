@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, TINY_MLP, clean_env, free_port, rank_env
+from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, TINY_MLP, clean_env, two_ranks
 
 ARGS = ["max_steps=6", "checkpoint_every=6", "eval_every=6", "eval_batches=2", "dropout=0.0"]
 
@@ -57,30 +57,11 @@ def test_the_newest_checkpoint_on_its_own_validation_split(trained):
 
 
 def test_two_ranks_evaluate_a_one_rank_checkpoint(trained):
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                PACKAGE,
-                "evaluate",
-                f"run_dir={trained}",
-                "eval_batches=1",
-                "device=cpu",
-            ],
-            cwd=REPO,
-            env=rank_env(rank, 2, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:]
-    result = json.loads(outs[0][0])
-    assert result["ranks"] == 2 and result["step"] == 6 and outs[1][0] == ""  # rank 0 prints
+    args = ["evaluate", f"run_dir={trained}", "eval_batches=1", "device=cpu"]
+    (first, out, err), (second, out1, _) = two_ranks([args, args])
+    assert [first.returncode, second.returncode] == [0, 0], err[-2000:]
+    result = json.loads(out)
+    assert result["ranks"] == 2 and result["step"] == 6 and out1 == ""  # rank 0 prints
 
 
 @pytest.mark.parametrize(

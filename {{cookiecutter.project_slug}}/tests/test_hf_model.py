@@ -23,28 +23,22 @@ from conftest import (
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
+# Llama and Qwen2 take the same settings: two layers, grouped-query attention (2 heads, 1 KV)
+LLAMA_LIKE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=256,
+    max_position_embeddings=64,
+)
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=256
     ),
-    "llama": lambda: transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=256,
-        max_position_embeddings=64,
-    ),  # fmt: skip
-    "qwen2": lambda: transformers.Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=256,
-        max_position_embeddings=64,
-    ),  # fmt: skip
+    "llama": lambda: transformers.LlamaConfig(**LLAMA_LIKE),
+    "qwen2": lambda: transformers.Qwen2Config(**LLAMA_LIKE),
 }
 
 

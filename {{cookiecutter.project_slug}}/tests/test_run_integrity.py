@@ -4,31 +4,13 @@ different arguments trained on silently; a cut record swallowed the next run's f
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
-from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, free_port, rank_env
+from conftest import REPO, TINY, two_ranks
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 
 SHORT = ["max_steps=2", "checkpoint_every=2", "eval_every=0", "log_every=1"]
-
-
-def two_ranks(args_of_rank: list[list[str]]) -> list[subprocess.CompletedProcess]:
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", PACKAGE, *args],
-            cwd=REPO,
-            env=rank_env(rank, 2, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for rank, args in enumerate(args_of_rank)
-    ]
-    return [(p, *p.communicate(timeout=TIMEOUT_S)) for p in procs]
 
 
 def test_ranks_given_different_arguments_all_stop_before_writing(tmp_path):
