@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.package_name }} import models, parallel
 from {{ cookiecutter.package_name }}.data import shards, tokens
 from {{ cookiecutter.package_name }}.models import gpt
 
@@ -41,6 +42,19 @@ def test_embeddings_are_tied_and_counted_once():
     unique = {id(p): p.numel() for p in model.parameters()}
     assert gpt.num_params(model, exclude_position_embeddings=False) == sum(unique.values())
     assert gpt.num_params(model) == sum(unique.values()) - 64 * 64  # minus wpe (block x embd)
+
+
+def test_activation_checkpointing_keeps_the_names_and_the_gradients():
+    """Recomputing each block in backward changes neither the state-dict names (checkpoints and
+    exports are the same with the setting on or off) nor the gradients."""
+    plain, checkpointed = tiny(), tiny()
+    parallel.apply_activation_checkpointing(models.MODELS["gpt"], checkpointed)
+    assert list(checkpointed.state_dict()) == list(plain.state_dict())
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    for model in (plain, checkpointed):
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=name)
 
 
 def test_gpt2_124m_has_124m_parameters():

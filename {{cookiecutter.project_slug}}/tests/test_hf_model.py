@@ -71,7 +71,10 @@ def logits(model, ids):
 def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, tmp_path):
     original = make_model(arch, tmp_path / "model")
     run_dir = tmp_path / "run"
-    ranks = Ranks(args(tmp_path / "model", run_dir, "parallelism=fsdp"), tmp_path / "logs")
+    # activation checkpointing too: each decoder layer gets its masks and position embeddings,
+    # and the names exported are transformers' own
+    extra = ("parallelism=fsdp", "activation_checkpointing=true")
+    ranks = Ranks(args(tmp_path / "model", run_dir, *extra), tmp_path / "logs")
     assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
     assert "from the weights of" in ranks.log(0) and checkpoint_steps(run_dir) == [2]
     out = tmp_path / "export"

@@ -11,6 +11,7 @@ FSDP beyond that, or to fit a larger batch.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -21,36 +22,21 @@ from torch.utils.checkpoint import checkpoint
 log = logging.getLogger(__package__)
 
 
-class CheckpointedBlock(nn.Module):
-    """Recompute the block's activations in backward instead of keeping them. Passes on every
-    argument (a transformers decoder layer also takes masks and position embeddings) and lets
-    the model read the block's attributes (Qwen2's loop reads `layer.attention_type`)."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, *args, **kwargs):
-        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)  # parameters, buffers, submodules (`block`)
-        except AttributeError:
-            return getattr(self.block, name)
-
-
 def blocks_of(spec, model: nn.Module) -> nn.ModuleList | None:
     """The model's repeated blocks, as its spec declares them (None: one unit)."""
     return None if spec.blocks is None else spec.blocks(model)
 
 
 def apply_activation_checkpointing(spec, model: nn.Module) -> None:
+    """Each block recomputes its activations in backward instead of keeping them. The block's
+    own `forward` is replaced, not the block wrapped: its parameter names, and so checkpoints
+    and exports, are the same with this setting on or off; every argument (a transformers
+    layer's masks and position embeddings) and attribute stays the block's."""
     blocks = blocks_of(spec, model)
     if blocks is None:
         raise ValueError(f"activation_checkpointing needs a model with blocks ({spec.name})")
-    for i, block in enumerate(blocks):
-        blocks[i] = CheckpointedBlock(block)
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def apply_compile(spec, model: nn.Module) -> None:
