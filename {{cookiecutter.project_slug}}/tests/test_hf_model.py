@@ -5,6 +5,7 @@ transformers are the original model's (lr=1e-12: the weights barely move)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -19,6 +20,9 @@ from conftest import (
     assert_same_training_state,
     checkpoint_steps,
     clean_env,
+    free_port,
+    load_checkpoint,
+    rank_env,
 )
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
@@ -149,3 +153,117 @@ def test_kill_9_then_the_same_command_resumes_bit_exactly(tmp_path):
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert "RESUMING" in again.log(0)
     assert_same_training_state(reference, run_dir, 40)
+
+
+def train_one_process(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, *extra], cwd=REPO, env=clean_env(),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+
+
+def resave(path, out, rename) -> None:
+    """The model directory `path` again in `out`, each tensor under rename(name) (or left out
+    where that is None), as older or other writers store it."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    (out / "config.json").write_text((path / "config.json").read_text())
+    tensors = load_file(path / "model.safetensors")
+    renamed = {rename(name): t for name, t in tensors.items() if rename(name) is not None}
+    save_file(renamed, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def started_with(run_dir, model) -> None:
+    """The run's first checkpoint holds `model`'s weights, tensor by tensor (lr=1e-12)."""
+    state = load_checkpoint(run_dir, 2)["model"]["model"]
+    expected = {"hf." + name: t for name, t in model.state_dict().items()}
+    assert set(state) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(state[name], tensor, rtol=0, atol=1e-9, msg=name)
+
+
+def test_files_in_other_layouts_load_or_are_refused_in_one_line(tmp_path):
+    """GPT-2 as older files store it (no `transformer.` prefix) is read tensor by tensor;
+    Mixtral (one tensor per expert in the files, a fused one in the module) through
+    transformers' loader; a file lacking a weight is refused, not initialised at random."""
+    gpt2 = make_model("gpt2", tmp_path / "gpt2")
+    resave(tmp_path / "gpt2", tmp_path / "old", lambda name: name.removeprefix("transformer."))
+    done = train_one_process(*args(tmp_path / "old", tmp_path / "run-old"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    started_with(tmp_path / "run-old", gpt2)
+
+    CONFIGS["mixtral"] = lambda: transformers.MixtralConfig(
+        **LLAMA_LIKE, num_local_experts=2, num_experts_per_tok=1
+    )
+    mixtral = make_model("mixtral", tmp_path / "mixtral")
+    done = train_one_process(*args(tmp_path / "mixtral", tmp_path / "run-mixtral"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    started_with(tmp_path / "run-mixtral", mixtral)
+
+    resave(tmp_path / "mixtral", tmp_path / "cut", lambda n: None if "norm" in n else n)
+    done = train_one_process(*args(tmp_path / "cut", tmp_path / "run-cut"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "has no weights for model.layers.0.input_layernorm.weight" in done.stderr
+    assert checkpoint_steps(tmp_path / "run-cut") == []
+
+
+# Build a run and load its initial weights, nothing else: the figures as one JSON line
+LOAD_ONLY = """
+import json, sys
+from {{ cookiecutter.package_name }}.checkpoint.initial import load_initial_weights
+from {{ cookiecutter.package_name }}.config.settings import load_config
+from {{ cookiecutter.package_name }}.distributed import process_group
+from {{ cookiecutter.package_name }}.train import build
+cfg = load_config(None, sys.argv[1:])
+with process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, device):
+    run = build(cfg, env, device)
+    memory = load_initial_weights(run.model, run.spec, cfg, run.source.info)[1]
+    print(json.dumps(run.memory | memory))
+"""
+
+
+def test_loading_is_sharded_no_rank_holds_the_whole_model(tmp_path):
+    """A 119M-parameter Llama (0.44 GiB) on two FSDP ranks: built on the meta device, each
+    rank reads its half of each tensor, so its host memory grows by about half the weights
+    (plus the modules themselves); reading the whole model would grow it by all of them."""
+    config = transformers.LlamaConfig(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8,
+        num_key_value_heads=8, vocab_size=8192, max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                LOAD_ONLY,
+                *args(tmp_path / "model", tmp_path / "run"),
+                "parallelism=fsdp",
+            ],
+            cwd=REPO,
+            env=rank_env(rank, 2, port),
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    out = [rank.communicate(timeout=TIMEOUT_S)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0]
+    for figures in (json.loads(o.strip().splitlines()[-1]) for o in out):
+        assert 0.44 < figures["model_gib"] < 0.45
+        grown = figures["peak_rss_gib"] - figures["rss_before_build_gib"]
+        assert grown < 0.8 * figures["model_gib"], figures
+
+
+def test_the_benchmark_says_how_much_memory_loading_took(tmp_path):
+    make_model("llama", tmp_path / "model")
+    bench = ["benchmark", *args(tmp_path / "model", tmp_path / "run"), "bench_steps=5"]
+    done = train_one_process(*bench)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["model"] == "hf:llama:model" and figures["ratio"] > 0
+    assert 0 < figures["rss_before_build_gib"] < figures["peak_rss_gib"]
+    assert 0 < figures["model_gib"] < 1e-3

@@ -9,7 +9,10 @@ steps only, so the CPU can run ahead as it does in training. MFU is model FLOPs 
 `peak_tflops`; `data_wait_fraction` is the share of the package's time spent waiting for input.
 With `bench_compare_compile=true` the other `compile` setting is measured too, and with
 `bench_checkpoint=true` what a checkpoint of this model costs training: the stall of a
-synchronous save (its whole write) against the stall of an asynchronous one.
+synchronous save (its whole write) against the stall of an asynchronous one. A run that starts
+from weights (`init_from`, `model=hf`) loads them first, and the line says how much host memory
+this rank held at its peak (`peak_rss_gib`) beside the model's size (`model_gib`):
+loading is sharded, so with FSDP on N ranks the peak grows by about model_gib / N.
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, distributed
+from .checkpoint.initial import initial_source, load_initial_weights
 from .config.settings import Config
 from .distributed import DistEnv
-from .train import build, input_pipeline, make_optimizer, parallel, train_step
+from .train import (
+    build,
+    input_pipeline,
+    make_optimizer,
+    parallel,
+    train_step,
+)
 
 BLOCK = 5  # steps per timed block; blocks of the two loops alternate
 
@@ -62,6 +72,8 @@ def _block_time(step, device: torch.device, n: int) -> float:
 def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     """Warmup, then `bench_steps` steps of each loop in alternating blocks; the figures."""
     run = build(cfg, env, device)
+    if initial_source(cfg, run.spec):  # init_from, model=hf's pretrained weights
+        run.memory |= load_initial_weights(run.model, run.spec, cfg, run.source.info)[1]
     total = cfg.bench_warmup + cfg.bench_steps + BLOCK
     _, inputs = input_pipeline(run, total + 1)
     try:
@@ -121,6 +133,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         "ratio": ours_s / bare_s,
         "data_wait_fraction": wait / (sum(ours) * BLOCK),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
+        **run.memory,  # host memory before the build and, when weights were loaded, after
     }
     if device.type == "cuda":
         peak = cfg.peak_tflops * 1e12

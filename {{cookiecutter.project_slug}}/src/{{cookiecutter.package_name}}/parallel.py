@@ -11,8 +11,10 @@ FSDP beyond that, or to fit a larger batch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -79,12 +81,18 @@ def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, b
     if cfg.compile:
         apply_compile(spec, model)
     if cfg.parallelism == "fsdp" and world > 1:
-        if not cfg.cpu_offload:
-            model.to(device)
-        apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
+        if on_meta(model):  # shard first: each rank then allocates its own part only
+            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
+            materialize(model, device)
+        else:
+            if not cfg.cpu_offload:
+                model.to(device)
+            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
         return model, not bf16  # FSDP's policy casts the parameters: no autocast on top
     if cfg.parallelism == "fsdp":
         log.info("parallelism=fsdp with one rank: nothing to shard, training unsharded")
+    if on_meta(model):
+        materialize(model, device)
     model.to(device)
     if world > 1:
         model = DDP(
@@ -93,6 +101,54 @@ def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, b
             gradient_as_bucket_view=True,
         )
     return model, True
+
+
+@contextlib.contextmanager
+def parameters_on_meta(enabled: bool = True) -> Iterator[None]:
+    """Build a model whose weights are loaded next (init_from, a pretrained model) without
+    making them first: every parameter a module registers goes to the meta device (a shape,
+    no memory). Buffers stay real, with the values their modules computed (rotary frequencies,
+    which no checkpoint holds). What accelerate's `init_empty_weights(include_buffers=False)`
+    does; parallelize() then gives each rank storage for its own part only."""
+    if not enabled:
+        yield
+        return
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Storage on `device` for parameters on the meta device (their values: whatever memory
+    held, until the weights are loaded); buffers keep their values."""
+    buffers = dict(model.named_buffers())
+    first_name: dict[int, str] = {}  # a parameter under two names (a tied output layer)
+    tied = {
+        name: first_name.setdefault(id(param), name)
+        for name, param in model.named_parameters(remove_duplicate=False)
+    }
+    model.to_empty(device=device)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, first in tied.items():
+        if params[name] is not params[first]:  # to_empty untied it (FSDP2 keeps ties itself)
+            owner, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(owner), attribute, params[first])
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
 
 
 def unwrap(model: nn.Module) -> nn.Module:

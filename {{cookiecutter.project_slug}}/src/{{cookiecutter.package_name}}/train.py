@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed, parallel
-from .checkpoint.initial import check_source, load_initial_weights
+from .checkpoint.initial import check_source, initial_source, load_initial_weights
 from .config.settings import Config, ConfigError, check_resume, check_run_dir_config, save_config
 from .data import batches as data
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
@@ -54,6 +54,7 @@ class Run:
     state: checkpoint.TrainState  # step and data position: saved, restored
     np_rng: np.random.Generator  # per-rank numpy RNG for your own augmentations
     flops_per_step: float  # per rank
+    memory: dict = dataclasses.field(default_factory=dict)  # host memory around the build, GiB
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -114,8 +115,13 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     source = data.open_source(cfg, spec)
     if data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu):
         source.to(device)
+    memory = {"rss_before_build_gib": metrics.resident_gib()}
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    net = spec.build(cfg, source.info)
+    # weights that are loaded next are not made first (parallel.parameters_on_meta); with
+    # cpu_offload FSDP places the shards itself
+    loaded_next = bool(initial_source(cfg, spec)) and not cfg.cpu_offload
+    with parallel.parameters_on_meta(enabled=loaded_next):
+        net = spec.build(cfg, source.info)
     flops = spec.training_flops_per_sample(cfg, net, source.info)
     flops *= cfg.batch_size * cfg.grad_accum_steps
     bf16 = dtype == torch.bfloat16 and device.type == "cuda"
@@ -142,6 +148,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
         state=state,
         np_rng=np_rng,
         flops_per_step=flops,
+        memory=memory,
     )
 
 
@@ -292,11 +299,16 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
-    initial = run.cfg.init_from or (run.spec.initial_weights and run.spec.initial_weights(run.cfg))
-    if step is None and initial:
-        loaded = load_initial_weights(run.model, run.spec, run.cfg, run.source.info, initial)
+    if step is None and initial_source(run.cfg, run.spec):
+        loaded, memory = load_initial_weights(run.model, run.spec, run.cfg, run.source.info)
         run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
-        log.info("starting a new run in %s from the weights of %s", run.cfg.run_dir, loaded)
+        run.memory |= memory
+        log.info(
+            "starting a new run in %s from the weights of %s (this rank's host memory: %.2f "
+            "GiB before the build, peak %.2f GiB after loading; the weights: %.2f GiB)",
+            *(run.cfg.run_dir, loaded),
+            *(run.memory[k] for k in ("rss_before_build_gib", "peak_rss_gib", "model_gib")),
+        )
         return
     if step is None:
         log.info("starting a new run in %s", run.cfg.run_dir)

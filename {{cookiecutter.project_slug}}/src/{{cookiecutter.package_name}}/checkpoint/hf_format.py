@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -68,19 +69,59 @@ def weight_files(directory: Path) -> list[Path]:
     return files
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors files, on the CPU."""
+@dataclass(frozen=True)
+class Source:
+    """Where one of the model's tensors comes from: tensor `name` of the safetensors `file`
+    (stored transposed: GPT-2's Conv1D weights), or a `tensor` already in memory. `shape` is
+    the model's tensor; rows past the stored ones are zeros (the GPT pads its vocabulary)."""
+
+    name: str
+    shape: tuple[int, ...]
+    file: Path | None = None
+    transposed: bool = False
+    tensor: torch.Tensor | None = None
+
+
+def _unreadable(path: Path, err: Exception) -> ConfigError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ConfigError(f"{path}: cannot read the weights ({first})")
+
+
+def stored_tensors(directory: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """name -> (file, shape) of every tensor in the directory's safetensors files, from their
+    headers: no weights are read. A truncated or foreign file is named here."""
     safetensors = safetensors_module()
-    tensors: dict[str, torch.Tensor] = {}
+    stored = {}
     for path in weight_files(directory):
         try:
             with safetensors.safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
-                    tensors[name] = f.get_tensor(name)
+                    stored[name] = (path, tuple(f.get_slice(name).get_shape()))
         except Exception as err:  # SafetensorError (truncated, not safetensors), OSError
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"{path}: cannot read the weights ({first})") from None
-    return tensors
+            raise _unreadable(path, err) from None
+    return stored
+
+
+def read_rows(source: Source, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop of the model's tensor (all of a 0-d one): only these are read from the
+    file, which is opened for this read alone (its pages are not kept mapped)."""
+    if source.tensor is not None:
+        return source.tensor if source.tensor.dim() == 0 else source.tensor[start:stop]
+    safetensors = safetensors_module()
+    try:
+        with safetensors.safe_open(str(source.file), framework="pt") as f:
+            stored = f.get_slice(source.name)
+            if not source.shape:
+                return f.get_tensor(source.name)
+            if source.transposed:
+                return stored[:, start:stop].t()
+            have = stored.get_shape()[0]
+            rows = stored[min(start, have) : min(stop, have)]
+    except Exception as err:  # the file changed or went away since its header was read
+        raise _unreadable(source.file, err) from None
+    if rows.shape[0] < stop - start:  # zero rows the file does not hold
+        rows = torch.cat([rows, rows.new_zeros(stop - start - rows.shape[0], *rows.shape[1:])])
+    return rows
 
 
 def write_model_dir(

@@ -3,10 +3,12 @@ another run directory of this package (any parallelism, any rank count), or a Hu
 directory (config.json + safetensors) in the format of the run's model (`ModelSpec.hf`).
 Only the model's weights: optimizer, step, schedule and data position start fresh.
 
-From a run directory the load is sharded: DCP reads into the run's own (FSDP-sharded) tensors,
-so each rank reads only its part. A Hugging Face directory is read whole by every rank, then
-each keeps its shard. Names and shapes are compared first: a source that is not the configured
-model is refused naming the first tensor (or setting) that differs.
+The load is sharded: under FSDP each rank reads only its own part of each tensor - DCP reads a
+run directory into the run's own sharded tensors; a Hugging Face directory is read tensor by
+tensor, each rank its rows. With the model built on the meta device (train.build), no rank
+holds the whole model or the whole checkpoint at any time. Names and shapes are compared
+first: a source that is not the configured model is refused naming the first tensor (or
+setting) that differs.
 """
 
 from __future__ import annotations
@@ -20,17 +22,24 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     set_model_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError
+from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
 from .export import _find_checkpoint
 from .integrity import MARKER, verify
 
 log = logging.getLogger(__name__.split(".")[0])
+
+
+def initial_source(cfg, spec) -> str | None:
+    """Where a new run's weights come from: init_from, the model's own (model=hf: hf_model's
+    pretrained weights), or nowhere (None: the model initialises them)."""
+    return cfg.init_from or (spec.initial_weights(cfg) if spec.initial_weights else None)
 
 
 def check_source(init_from: str, run_dir: str) -> None:
@@ -56,13 +65,17 @@ def check_source(init_from: str, run_dir: str) -> None:
         )
 
 
-def load_initial_weights(model: torch.nn.Module, spec, cfg, info, source: str) -> str:
-    """Load `source` (init_from, or the model's own initial weights) into `model` (plain, DDP
-    or FSDP2); returns what was loaded."""
-    path = Path(source)
+def load_initial_weights(model: torch.nn.Module, spec, cfg, info) -> tuple[str, dict]:
+    """Load a new run's initial weights (`initial_source`) into `model` (plain, DDP or FSDP2),
+    each rank its part. Returns what was loaded, and this rank's peak host memory so far
+    beside the size of the model's weights (GiB)."""
+    path = Path(initial_source(cfg, spec))
     if hf_format.is_hf_dir(path):
-        return _from_hf_dir(model, spec, cfg, info, path)
-    return _from_run_dir(model, path)
+        loaded = _from_hf_dir(model, spec, cfg, info, path)
+    else:
+        loaded = _from_run_dir(model, path)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes
+    return loaded, {"model_gib": weights / 2**30, "peak_rss_gib": peak_resident_gib()}
 
 
 def _from_hf_dir(model, spec, cfg, info, path: Path) -> str:
@@ -72,16 +85,57 @@ def _from_hf_dir(model, spec, cfg, info, path: Path) -> str:
             "start from a run directory of this package instead"
         )
     config = hf_format.read_config(path)
+    state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
+    tied = tied_names(state)
+    expected = {k: tuple(v.shape) for k, v in state.items() if k not in tied}
     try:
-        state = spec.hf.load(cfg, info, path)
+        sources = spec.hf.load(cfg, info, path, expected)
     except ConfigError:  # the directory's files: the message names them
         raise
     except ValueError as err:
         raise ConfigError(f"init_from={path}: not the configured model: {err}") from None
-    expected = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
-    check_same_tensors(path, {k: tuple(v.shape) for k, v in state.items()}, expected)
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    check_same_tensors(path, {k: tuple(s.shape) for k, s in sources.items()}, expected)
+    with torch.no_grad():
+        for key, source in sources.items():
+            local, start = local_rows(state[key])
+            local.copy_(hf_format.read_rows(source, start, start + local.shape[0]))
+    for key, same_as in tied.items():
+        state[key] = state[same_as]
+    set_model_state_dict(model, state)
     return f"{path} (Hugging Face {config.get('model_type')})"
+
+
+def tied_names(state: dict) -> dict[str, str]:
+    """Names of tensors that are another's (a tied output layer is the embedding): name ->
+    the first name of the same tensor. They are loaded once."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, tensor in state.items():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if local.numel() == 0:  # a rank may hold no rows of a small tensor: compare globally
+            continue
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(tensor.shape))
+        if key in first:
+            tied[name] = first[key]
+        else:
+            first[key] = name
+    return tied
+
+
+def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's part of a model tensor and the row of the whole tensor where it starts: all
+    of a plain (DDP) tensor; under FSDP2 a chunk of rows (dim 0 split as torch.chunk splits)."""
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    local = tensor.to_local()
+    (placement,) = tensor.placements
+    if placement.is_replicate():
+        return local, 0
+    if not placement.is_shard(0):
+        raise ValueError(f"cannot load a tensor placed {placement}")
+    rows = tensor.shape[0]
+    chunk = -(-rows // tensor.device_mesh.size())
+    return local, min(tensor.device_mesh.get_local_rank() * chunk, rows)
 
 
 def _from_run_dir(model, path: Path) -> str:

@@ -295,7 +295,7 @@ SPEC = spec.ModelSpec(
     check=check,
     describe=lambda cfg: f"gpt:{cfg.preset}",
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
-        load=lambda cfg, info, directory: gpt_hf.load_dir(
+        load=lambda cfg, info, directory, expected: gpt_hf.load_dir(
             directory, config_of(cfg, info), cfg.vocab_size or info.vocab_size
         ),
         save=lambda cfg, info, state: gpt_hf.to_hf(

@@ -11,7 +11,12 @@ Nothing here imports transformers: config.json is plain JSON.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:  # imported where used: the checkpoint package loads torch's DCP
+    from ..checkpoint import hf_format
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}  # HF name -> ours
@@ -55,33 +60,36 @@ def check_config(hf: dict, gpt, vocab_size: int) -> None:
         raise Mismatch("its output layer is not tied to the token embedding (the GPT's is)")
 
 
-def from_hf(hf: dict, tensors: dict[str, torch.Tensor], gpt, vocab_size: int) -> dict:
-    """GPT-2 tensors (names with or without `transformer.`) -> the GPT's state dict. The
-    embedding's rows are padded with zeros to the GPT's padded vocabulary."""
-    check_config(hf, gpt, vocab_size)
-    state = {}
-    for name, tensor in tensors.items():
-        name = name.removeprefix("transformer.")
-        if name.endswith(BUFFERS) or name == "lm_head.weight":  # masks; the tied output layer
-            continue
-        ours = name.replace("h.", "blocks.", 1) if name.startswith("h.") else name
-        state[ours] = tensor.t() if name.endswith(CONV1D) else tensor
-    wte = state.get("wte.weight")
-    if wte is not None and wte.shape[0] < gpt.vocab_size:
-        state["wte.weight"] = torch.cat(
-            [wte, wte.new_zeros(gpt.vocab_size - wte.shape[0], wte.shape[1])]
-        )
-    if "wte.weight" in state:
-        state["lm_head.weight"] = state["wte.weight"]
-    return state
-
-
-def load_dir(directory, gpt, vocab_size: int) -> dict:
-    """The GPT's state dict from a GPT-2 directory (config.json and safetensors)."""
+def sources(hf: dict, stored: dict, gpt, vocab_size: int) -> dict[str, hf_format.Source]:
+    """Where each tensor of the GPT is in a GPT-2 directory: `stored` is its tensors' names
+    (with or without `transformer.`) -> (file, shape). Conv1D weights are read transposed; the
+    embedding's rows past GPT-2's vocabulary are zeros (the GPT's padded vocabulary); the
+    output layer is the embedding (tied), so it is not read."""
     from ..checkpoint import hf_format
 
-    config = hf_format.read_config(directory)
-    return from_hf(config, hf_format.read_tensors(directory), gpt, vocab_size)
+    check_config(hf, gpt, vocab_size)
+    found = {}
+    for name, (file, shape) in stored.items():
+        short = name.removeprefix("transformer.")
+        if short.endswith(BUFFERS) or short == "lm_head.weight":  # masks; the tied output layer
+            continue
+        ours = short.replace("h.", "blocks.", 1) if short.startswith("h.") else short
+        if short.endswith(CONV1D):
+            found[ours] = hf_format.Source(name, shape[::-1], file, transposed=True)
+        elif ours == "wte.weight":
+            found[ours] = hf_format.Source(name, (gpt.vocab_size, *shape[1:]), file)
+        else:
+            found[ours] = hf_format.Source(name, shape, file)
+    return found
+
+
+def load_dir(directory, gpt, vocab_size: int) -> dict[str, hf_format.Source]:
+    """Where the GPT's tensors are in a GPT-2 directory (config.json and safetensors)."""
+    from ..checkpoint import hf_format
+
+    return sources(
+        hf_format.read_config(directory), hf_format.stored_tensors(directory), gpt, vocab_size
+    )
 
 
 def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, dict]:

@@ -190,21 +190,50 @@ def describe(cfg) -> str:
     return f"hf:{hf_config(cfg).model_type}:{Path(cfg.hf_model).name}"
 
 
-def load_hf(cfg, info: DataInfo, directory) -> dict:
-    """A Hugging Face directory's weights as this model's state dict, through transformers'
-    own loader (old GPT-2 names, tied embeddings and buffers are its business)."""
-    transformers = transformers_module()
+def load_hf(cfg, info: DataInfo, directory, expected: dict) -> dict:
+    """Where each of the model's tensors is in a Hugging Face directory: under its own name
+    (what save_pretrained writes), or without the base model's prefix (older files: GPT-2's
+    `h.0...` for `transformer.h.0...`). Files in any other layout are read whole, once, by
+    transformers' own loader (which knows each architecture's renamings)."""
+    from ..checkpoint import hf_format
+
     if Path(directory).resolve() != Path(cfg.hf_model).resolve():
         config = _read_config(str(Path(directory).resolve()))
         if config.to_dict() != hf_config(cfg).to_dict():
             raise ValueError(f"its config.json is not hf_model's ({cfg.hf_model})")
+    stored = hf_format.stored_tensors(Path(directory))
+    found = {}
+    for key in expected:
+        name = key.removeprefix(PREFIX)
+        for candidate in (name, name.partition(".")[2]):
+            if candidate in stored:
+                file, shape = stored[candidate]
+                found[key] = hf_format.Source(candidate, shape, file)
+                break
+    if len(found) == len(expected):
+        return found
+    # e.g. Mixtral: one tensor per expert in the files, one fused tensor in the module
+    whole = _whole(directory)
+    return {
+        key: hf_format.Source(key, tuple(whole[key].shape), tensor=whole[key])
+        for key in expected
+        if key in whole
+    }
+
+
+def _whole(directory) -> dict:
+    """The directory's model as transformers loads it (its renamings applied): name -> tensor.
+    A tensor it finds no weights for is refused (transformers would initialise it randomly)."""
+    transformers = transformers_module()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, local_files_only=True
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, local_files_only=True, output_loading_info=True
         )
     except Exception as err:  # missing or truncated safetensors: transformers' own words
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"transformers cannot load it: {first}") from None
+    if info["missing_keys"]:
+        raise ValueError(f"it has no weights for {sorted(info['missing_keys'])[0]}")
     return {PREFIX + name: tensor for name, tensor in model.state_dict().items()}
 
 

@@ -69,11 +69,14 @@ CLASSIFIER = Task("classifier", data="arrays", unit="samples", generates=False)
 
 @dataclass(frozen=True)
 class HFAdapter:
-    """A model's Hugging Face form. load(cfg, info, directory): the directory's weights as the
-    model's state dict, raising ValueError naming the first setting that differs from the run's;
-    save(cfg, info, state): (config_json, tensors) that transformers' AutoModelForCausalLM loads."""
+    """A model's Hugging Face form. load(cfg, info, directory, expected): where each of the
+    model's tensors is in the directory (state-dict name -> checkpoint.hf_format.Source; the
+    weights are read later, each rank only its part), raising ValueError naming the first
+    setting that differs from the run's; `expected` holds the model's names and full shapes.
+    save(cfg, info, state): (config_json, tensors) that transformers' AutoModelForCausalLM
+    loads."""
 
-    load: Callable[[Any, DataInfo, Any], dict]
+    load: Callable[[Any, DataInfo, Any, dict], dict]
     save: Callable[[Any, DataInfo, dict], tuple[dict, dict]]
 
 

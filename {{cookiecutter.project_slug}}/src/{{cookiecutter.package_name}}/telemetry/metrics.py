@@ -24,7 +24,28 @@ def peak_memory_gib(device: torch.device) -> float:
     """Peak allocated GPU memory on CUDA; peak resident memory of the process on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB
+    return peak_resident_gib()
+
+
+def peak_resident_gib() -> float:
+    """The most host memory this process has held so far: VmHWM, not ru_maxrss, which a
+    process inherits from the one that forked it (a launcher holding a model reports that)."""
+    return _proc_status_kib("VmHWM") / 2**20
+
+
+def resident_gib() -> float:
+    """The host memory this process holds now."""
+    return _proc_status_kib("VmRSS") / 2**20
+
+
+def _proc_status_kib(field: str) -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1])  # "VmHWM:   649628 kB"
+    except (OSError, IndexError, ValueError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # not Linux: the best there is
 
 
 class Metrics:
