@@ -148,13 +148,15 @@ class Ranks:
         pytest.fail(f"step {step} not reached in {timeout} s")
 
 
-def two_ranks(args_of_rank: list[list[str]]) -> list[tuple[subprocess.Popen, str, str]]:
-    """Run the package as ranks 0 and 1 (gloo), each with its own arguments, to the end:
-    (process, stdout, stderr) of each."""
+def two_ranks(
+    args_of_rank: list[list[str]], program: tuple[str, ...] = ("-m", PACKAGE)
+) -> list[tuple[subprocess.Popen, str, str]]:
+    """Run the package (or `python -c CODE`: program=("-c", CODE)) as ranks 0 and 1 (gloo),
+    each with its own arguments, to the end: (process, stdout, stderr) of each."""
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", PACKAGE, *args],
+            [sys.executable, *program, *args],
             cwd=REPO,
             env=rank_env(rank, 2, port),
             stdout=subprocess.PIPE,

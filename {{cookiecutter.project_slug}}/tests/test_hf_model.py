@@ -20,9 +20,8 @@ from conftest import (
     assert_same_training_state,
     checkpoint_steps,
     clean_env,
-    free_port,
     load_checkpoint,
-    rank_env,
+    two_ranks,
 )
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
@@ -233,26 +232,10 @@ def test_loading_is_sharded_no_rank_holds_the_whole_model(tmp_path):
         tie_word_embeddings=False,
     )  # fmt: skip
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    port = free_port()
-    ranks = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                LOAD_ONLY,
-                *args(tmp_path / "model", tmp_path / "run"),
-                "parallelism=fsdp",
-            ],
-            cwd=REPO,
-            env=rank_env(rank, 2, port),
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    out = [rank.communicate(timeout=TIMEOUT_S)[0] for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0]
-    for figures in (json.loads(o.strip().splitlines()[-1]) for o in out):
+    argv = [*args(tmp_path / "model", tmp_path / "run"), "parallelism=fsdp"]
+    ranks = two_ranks([argv, argv], program=("-c", LOAD_ONLY))
+    assert [proc.returncode for proc, _, _ in ranks] == [0, 0], ranks[0][2][-3000:]
+    for figures in (json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks):
         assert 0.44 < figures["model_gib"] < 0.45
         grown = figures["peak_rss_gib"] - figures["rss_before_build_gib"]
         assert grown < 0.8 * figures["model_gib"], figures
