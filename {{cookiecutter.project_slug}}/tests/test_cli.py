@@ -15,9 +15,14 @@ from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 
 def test_benchmark_prints_one_json_line(single_process, capsys):
     assert main(["benchmark", *TINY, "bench_warmup=2", "bench_steps=10"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
+    # and in words, on stderr
+    ratio = f"ratio {result['ratio']:.3f}: the package's training step is "
+    assert ratio in err and "than a bare PyTorch loop" in err
+    assert ("within the target" in err) == (result["ratio"] <= 1.03)
     for key in (
         "train_step_median_s",
         "train_tokens_per_s",

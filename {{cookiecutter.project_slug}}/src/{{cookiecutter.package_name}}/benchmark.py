@@ -7,6 +7,7 @@ schedule, loss bookkeeping, DDP/FSDP when there are several ranks). `ratio` is t
 (goal: <= 1.03). On CUDA, time is measured with a synchronisation at the ends of each block of
 steps only, so the CPU can run ahead as it does in training. MFU is model FLOPs per second over
 `peak_tflops`; `data_wait_fraction` is the share of the package's time spent waiting for input.
+After the JSON line (stdout), one sentence on stderr says what the ratio means.
 With `bench_compare_compile=true` the other `compile` setting is measured too, and with
 `bench_checkpoint=true` what a checkpoint of this model costs training: the stall of a
 synchronous save (its whole write) against the stall of an asynchronous one. A run that starts
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -188,8 +190,30 @@ def benchmark(cfg: Config) -> dict:
     return result if env.is_main else {}
 
 
+TARGET_RATIO = 1.03  # the package's step at most 3% slower than a bare loop
+
+
+def verdict(result: dict) -> str:
+    """The JSON line in one plain sentence."""
+    ratio = result["ratio"]
+    slower = f"{(ratio - 1) * 100:.1f}% slower" if ratio > 1 else f"{(1 - ratio) * 100:.1f}% faster"
+    within = "within" if ratio <= TARGET_RATIO else "above"
+    sentence = (
+        f"ratio {ratio:.3f}: the package's training step is {slower} than a bare PyTorch loop "
+        f"on the same model and batch ({within} the target of {TARGET_RATIO})"
+    )
+    if ratio > TARGET_RATIO and result["device"] == "cpu":
+        sentence += (
+            "; on a CPU with a small model the fixed cost per step weighs more than on a GPU"
+        )
+    if "mfu" in result:
+        sentence += f"; MFU {result['mfu']:.1%} of peak_tflops"
+    return sentence + "."
+
+
 def main(cfg: Config) -> int:
     result = benchmark(cfg)
     if result:
         print(json.dumps(result), flush=True)
+        print(verdict(result), file=sys.stderr, flush=True)
     return 0
