@@ -146,9 +146,14 @@ def test_check_resume(caplog):
         check_resume(saved, Config(batch_size=64), 2, 2)
     check_resume(saved, Config(), 2, 4)  # another world size reshards the checkpoint
     assert "world size 2 -> 4" in caplog.text
-    with pytest.raises(ConfigError, match="dataset contents: fingerprint aaaa"):
+    with pytest.raises(ConfigError, match=r"fingerprint aaaa.*\(the files at synthetic were rew"):
         check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
     check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
+    # a copied run continued on other data: not "rewritten" files, another dataset
+    caplog.clear()
+    check_resume(saved, Config(dataset="data/other", force_resume=True), 2, 2, "a", "b")
+    assert "(another dataset: synthetic -> data/other)" in caplog.text
+    assert "rewritten" not in caplog.text
 
 
 def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):

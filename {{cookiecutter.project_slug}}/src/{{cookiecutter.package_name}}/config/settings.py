@@ -323,9 +323,13 @@ def check_resume(
     same_data = bool(saved_fingerprint) and saved_fingerprint == fingerprint
     changed = changed_keys(saved, cfg, same_data)
     if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
+        why = (
+            f"the files at {cfg.dataset} were rewritten"
+            if same_path(saved.get("dataset"), cfg.dataset)
+            else f"another dataset: {saved.get('dataset')} -> {cfg.dataset}"
+        )
         changed.append(
-            f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} "
-            f"(the files at {cfg.dataset} were rewritten)"
+            f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} ({why})"
         )
     if saved_world != world:
         log.warning(
