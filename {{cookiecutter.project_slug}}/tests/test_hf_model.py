@@ -16,6 +16,7 @@ from conftest import (
     PACKAGE,
     REPO,
     TIMEOUT_S,
+    TINY,
     Ranks,
     assert_same_training_state,
     checkpoint_steps,
@@ -45,12 +46,12 @@ CONFIGS = {
 }
 
 
-def make_model(arch: str, path):
+def make_model(arch: str, path, std: float = 0.3):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]())
     with torch.no_grad():
         for param in model.parameters():
-            param.normal_(0.0, 0.3)
+            param.normal_(0.0, std)
     model.save_pretrained(path)
     return model.eval()
 
@@ -250,3 +251,14 @@ def test_the_benchmark_says_how_much_memory_loading_took(tmp_path):
     assert figures["model"] == "hf:llama:model" and figures["ratio"] > 0
     assert 0 < figures["rss_before_build_gib"] < figures["peak_rss_gib"]
     assert 0 < figures["model_gib"] < 1e-3
+
+
+def test_a_first_loss_far_above_chance_is_named(tmp_path):
+    """Weights of std 3 (a broken initialisation): the first loss is many times ln(256), the
+    loss of uniform predictions, and the run says so; the package's GPT says nothing."""
+    make_model("llama", tmp_path / "broken", std=3.0)
+    done = train_one_process(*args(tmp_path / "broken", tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "times the 5.55 of uniform predictions (ln of 256 outputs)" in done.stderr
+    gpt = train_one_process(*TINY, f"run_dir={tmp_path / 'gpt'}", "max_steps=2")
+    assert gpt.returncode == 0 and "uniform predictions" not in gpt.stderr

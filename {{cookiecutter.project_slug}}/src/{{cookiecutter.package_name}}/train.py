@@ -403,6 +403,8 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         for step in range(start + 1, cfg.max_steps + 1):
             with profiler.step(step):  # a no-op outside profile_steps
                 loss = train_step(run, inputs)
+            if step == 1:  # a new run: far above chance, the initialisation is likely broken
+                report.first_loss(loss.item(), run.spec.task.chance_loss(run.source.info))
             run.state.step = step
             run.state.extra["samples_seen"] = batches.samples_seen(step)
             meter.update(loss, inputs)

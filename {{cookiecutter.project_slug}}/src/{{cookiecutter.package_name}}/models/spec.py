@@ -42,6 +42,10 @@ class Task:
     def loss(self, output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):
         return cross_entropy(output, target, reduction)
 
+    def chance_loss(self, info: DataInfo) -> float:
+        """The loss of uniform predictions: ln of the number of outputs (tokens or classes)."""
+        return math.log(info.vocab_size if self.data == "tokens" else info.num_classes)
+
     def train_metrics(self, loss: float) -> dict:
         """Extra fields of a training record, from the mean loss."""
         if self.unit == "tokens":  # bits per token (= per byte for byte-level tokens)

@@ -106,6 +106,22 @@ class Console:
             duration(step_s * (cfg.max_steps - self.start_step)),
         )
 
+    def first_loss(self, loss: float, chance: float) -> None:
+        """A new run's first loss far above what uniform predictions give (`chance`, ln of the
+        number of outputs) means outputs far too large: a broken initialisation, more often
+        than hard data. Trained on, it wastes steps undoing it, or diverges."""
+        if self.is_main and loss >= 2 * chance:
+            log.warning(
+                "the first loss is %.3g, %.1f times the %.3g of uniform predictions (ln of %d "
+                "outputs): the model's initial outputs are far too large - likely its "
+                "initialisation (the weights' scale, a missing normalisation, an output layer "
+                "not scaled down)",
+                loss,
+                loss / chance,
+                chance,
+                round(math.exp(chance)),
+            )
+
     def evaluated(self, step: int, result: dict, samples_seen: int) -> None:
         """One line per evaluation: the held-out loss, bits per token (gpt) and data seen."""
         self.evals.append((step, result["eval_loss"]))
