@@ -5,6 +5,7 @@ Nothing comes from the network: every dataset and tokenizer is made in the test.
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ pytest.importorskip("tokenizers", reason="needs the [data] extra: pip install -e
 pytest.importorskip("datasets", reason="needs the [data] extra: pip install -e '.[data]'")
 pa = pytest.importorskip("pyarrow", reason="installed with datasets")
 import pyarrow.parquet as pq  # noqa: E402
-from conftest import PACKAGE, REPO, TINY  # noqa: E402
+from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import hf as hf_data  # noqa: E402
@@ -194,6 +195,10 @@ def test_source_and_tokenizer_errors_are_one_line(corpus, bpe, tmp_path, capsys)
             "not a readable tokenizer.json",
         ),
         (["--hf", root / "pq"], "--hf needs --tokenizer"),
+        (  # parquet, JSONL (and the tokenizer's JSON) side by side: not read in part
+            ["--hf", root, "--tokenizer", bpe],
+            "holds .json, .jsonl, .parquet files; a folder is read as one kind",
+        ),
         (
             ["--hf", root / "pq", "--tokenizer", bpe, "--separator", "<eos>"],
             "'<eos>' is not in the vocabulary",
@@ -275,3 +280,28 @@ def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
     assert result["ratio"] == pytest.approx(
         result["pipeline_tokens_per_s"] / result["encode_batch_tokens_per_s"], rel=0.01
     )
+
+
+def test_the_readme_own_corpus_commands_work_word_for_word(corpus, tmp_path):
+    """The README's "Your own corpus" commands as written, in a scratch directory holding the
+    repository's configs/, the corpus as my.txt and its parquet folder as data/raw/mycorpus: a
+    tokenizer, a BPE dataset, a run of configs/tiny.toml on it, and text sampled from it."""
+    root, _ = corpus
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Your own corpus and tokenizer", 1)[1]
+    block = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "my.txt").write_text((root / "corpus.txt").read_text())
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "raw" / "mycorpus").symlink_to(root / "pq")
+    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
+    commands = [c for c in commands if c and c[0] != "pip"]  # the extras are installed here
+    assert [c[:3] for c in commands] == [["python", "-m", PACKAGE]] * len(commands)
+    for command in commands:
+        done = subprocess.run(
+            [sys.executable, *command[1:]], cwd=tmp_path, env=clean_env(),
+            capture_output=True, text=True, timeout=TIMEOUT_S,
+        )  # fmt: skip
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+    assert (tmp_path / "runs" / "mine" / "checkpoints").is_dir()
+    assert done.stdout.startswith("Once upon a time")

@@ -55,6 +55,25 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def check_one_kind(folder: Path, source: str) -> None:
+    """The data files of a folder (as datasets sees them: not under hidden or `__` folders) are
+    of one kind: given parquet and JSONL, datasets would read one kind and drop the rest."""
+    suffixes = {
+        data_suffix(f)
+        for f in folder.rglob("*")
+        if f.is_file()
+        and data_suffix(f) in BUILDERS
+        and not any(part.startswith((".", "__")) for part in f.relative_to(folder).parts)
+    }
+    if not suffixes:
+        raise DatasetError(f"{source}: holds no parquet, JSONL or arrow files")
+    if len({BUILDERS[suffix] for suffix in suffixes}) > 1:
+        raise DatasetError(
+            f"{source}: holds {', '.join(sorted(suffixes))} files; a folder is read as one "
+            "kind (the others would be dropped): give a folder or file of one kind"
+        )
+
+
 def open_source(source: str, split: str):
     """(a streaming `datasets.IterableDataset` of `split`, its number of documents or None)."""
     path = Path(source).expanduser()
@@ -70,8 +89,7 @@ def open_source(source: str, split: str):
             )
         args = {"path": BUILDERS[data_suffix(path)], "data_files": {split: [str(path)]}}
     elif path.is_dir():
-        if not any(data_suffix(f) in BUILDERS for f in path.rglob("*") if f.is_file()):
-            raise DatasetError(f"{source}: holds no parquet, JSONL or arrow files")
+        check_one_kind(path, source)
         args = {"path": str(path)}
     else:
         args = {"path": source}  # a hub name: needs internet (a login node) or the HF_HOME cache
