@@ -91,3 +91,19 @@ def test_a_classifier_reports_loss_and_accuracy(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert {"eval_loss", "eval_acc"} <= result.keys() and "perplexity" not in result
+
+
+def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path):
+    """The run's checkpoint lost a file: evaluate names it and stops in one line (it read the
+    damaged checkpoint's record first, and DCP's exception escaped as a traceback)."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    (newest,) = (run_dir / "checkpoints").glob("step-*")
+    next(newest.glob("*.distcp")).unlink()
+    done = run("evaluate", f"run_dir={run_dir}", "eval_batches=1", "device=cpu")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"skipping checkpoint {newest}" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "all refused: step-00000006: file __0_0.distcp is missing" in last
