@@ -95,7 +95,7 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # Older torchrun ignores it and dies on USR2, keeping only the periodic checkpoints: use the
 # srun launcher there. After forwarding, torchrun itself ends with a SignalException traceback
 # in the log: expected; the REQUEUE marker below is what says the checkpoint was written.
-export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"
 # All ranks: one torchrun per node starts one worker per GPU. exec hands the signals from Slurm
 # to torchrun directly.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here

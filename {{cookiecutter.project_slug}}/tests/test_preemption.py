@@ -19,6 +19,8 @@ def test_signals_only_set_a_flag_and_handlers_are_restored():
         assert not flag.requested
         os.kill(os.getpid(), signal.SIGUSR2)
         assert flag.received == signal.SIGUSR2
+        os.kill(os.getpid(), signal.SIGUSR1)  # other guides' --signal=USR1@...
+        assert flag.received == signal.SIGUSR1
         os.kill(os.getpid(), signal.SIGTERM)  # would end pytest if it were not handled
         assert flag.received == signal.SIGTERM
     assert signal.getsignal(signal.SIGUSR2) == before

@@ -55,7 +55,7 @@ def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_
     ranks = train_ranks(run_dir, tmp_path / "logs1", extra)
     ranks.wait_for_step(run_dir, 30)
     assert ranks.running()
-    ranks.send(signal.SIGUSR2, ranks=[1])
+    ranks.send(signal.SIGUSR1, ranks=[1])  # USR2, the job scripts' signal: the Slurm tests
     assert ranks.wait() == [3, 3], ranks.log(0)[-3000:]
 
     steps = checkpoint_steps(run_dir)
@@ -64,7 +64,7 @@ def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_
     assert marker.startswith(f"step {steps[0]}:")
     for rank in (0, 1):
         assert f"stopping at step {steps[0]}" in ranks.log(rank)
-    assert "received SIGUSR2" in ranks.log(1)
+    assert "received SIGUSR1" in ranks.log(1)
     assert "another rank asked to stop" in ranks.log(0)
 
     again = train_ranks(run_dir, tmp_path / "logs2", extra)

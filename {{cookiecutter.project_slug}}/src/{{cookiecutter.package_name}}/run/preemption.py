@@ -24,11 +24,13 @@ from .atomic import atomic_write_text
 from .rundir import RunDir
 
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure
-SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
+# SIGUSR1: what other guides put in `#SBATCH --signal=USR1@...` (the job scripts use USR2);
+# without a handler it would end the run at once, with no checkpoint. SIGINT: Ctrl-C.
+SIGNALS = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 class PreemptionFlag:
-    """Records SIGUSR2/SIGTERM/SIGINT. Install in the main thread; handlers run between
+    """Records SIGUSR2/SIGUSR1/SIGTERM/SIGINT. Install in the main thread; handlers run between
     bytecodes. `on_signal(signum)` sees each signal first (interrupts.SecondSignal)."""
 
     def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
