@@ -262,6 +262,21 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
         tmp_path / "run", "Dokument 3:", 40, temperature=0, device="cpu", tokenizer=bpe
     )
     assert again == text
+    # the dataset directory remade (here: its fingerprint changed): its tokenizer may not be
+    # the run's any more, so neither generate nor the HF export takes it on trust
+    monkeypatch.chdir(tmp_path)
+    index = json.loads(Path("data/bpe/index.json").read_text())
+    index["fingerprint"] = "0" * 64
+    Path("data/bpe/index.json").write_text(json.dumps(index))
+    with pytest.raises(DatasetError, match="no longer holds the data the run trained on"):
+        generate(Path("run"), "Dokument", 5, device="cpu")
+    assert (
+        generate(Path("run"), "Dokument 3:", 40, temperature=0, device="cpu", tokenizer=bpe) == text
+    )
+    capsys.readouterr()
+    assert main(["export", "run_dir=run", "--format", "hf", "--out", "hf"]) != 0
+    assert "no longer holds the data the run trained on" in capsys.readouterr().err
+    assert not Path("hf").exists()
 
 
 def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):

@@ -20,7 +20,12 @@ from .checkpoint import load_model_state
 from .config.settings import ConfigError, saved_config
 from .data.info import DataInfo, saved_data_info
 from .data.shards import file_sha256
-from .data.tokenizer import recorded_tokenizer_sha256, text_codec, tokenizer_file
+from .data.tokenizer import (
+    check_run_tokenizer,
+    recorded_tokenizer_sha256,
+    text_codec,
+    tokenizer_file,
+)
 from .models import spec_of
 from .models.spec import sample
 
@@ -109,6 +114,8 @@ def stream(
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     target = torch.device("cuda" if use_cuda else "cpu")
     model.to(target).eval()
+    if tokenizer is None:  # the dataset's: still the run's?
+        check_run_tokenizer(cfg.dataset, info.fingerprint)
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
     check_codec(codec, info, cfg, tokenizer)
     ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)

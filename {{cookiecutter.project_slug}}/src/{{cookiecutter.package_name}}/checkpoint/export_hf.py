@@ -12,6 +12,7 @@ from pathlib import Path
 from ..config.settings import saved_config
 from ..config_keys import ConfigError
 from ..data.info import saved_data_info
+from ..data.tokenizer import check_run_tokenizer
 from ..models import spec_of
 from . import hf_format
 from .export import load_model_state
@@ -31,6 +32,7 @@ def export_hf(run_dir: Path, out: Path, max_shard_bytes: int = hf_format.MAX_SHA
     tokenizer = Path(cfg.dataset) / TOKENIZER
     with tempfile.TemporaryDirectory() as scratch:
         if cfg.dataset != "synthetic" and tokenizer.is_file():
+            check_run_tokenizer(cfg.dataset, info.fingerprint)
             extra[TOKENIZER] = tokenizer
             settings = Path(scratch) / "tokenizer_config.json"
             settings.write_text(

@@ -158,6 +158,22 @@ def recorded_tokenizer_sha256(dataset: str) -> str | None:
     return recorded.get("sha256")
 
 
+def check_run_tokenizer(dataset: str, fingerprint: str) -> None:
+    """The tokenizer in a run's dataset directory is the run's only while the directory holds
+    the data the run trained on (`fingerprint`, from its checkpoint): a dataset remade there
+    with another tokenizer has the same ids and other words. Byte datasets need no tokenizer."""
+    directory = Path(dataset)
+    if dataset == "synthetic" or not (directory / "index.json").is_file():
+        return
+    index = read_index(directory)
+    if index.get("tokenizer_file") and index.get("fingerprint") != fingerprint:
+        raise DatasetError(
+            f"{dataset} no longer holds the data the run trained on (fingerprint "
+            f"{fingerprint[:12]} -> {str(index.get('fingerprint'))[:12]}): its tokenizer may "
+            "not be the run's; give the run's tokenizer with --tokenizer"
+        )
+
+
 def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
     """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
     else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""
