@@ -1,11 +1,15 @@
-"""Every rank runs the same run, and metrics.jsonl survives a cut last line (issue: ranks given
-different arguments trained on silently; a cut record swallowed the next run's first one)."""
+"""Every rank runs the same run, metrics.jsonl survives a cut last line, and a full disk is named
+(issue: ranks given different arguments trained on silently; a cut record swallowed the next
+run's first one; a full disk read "unexpected pos 704 vs 598" or a safetensors traceback)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
-from conftest import REPO, TINY, two_ranks
+import pytest
+from conftest import REPO, TINY, one_line, two_ranks
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
@@ -44,3 +48,42 @@ def test_a_cut_last_line_is_closed_off_before_the_next_record(tmp_path, single_p
     assert lines[0] == cut  # left as it was, ended
     steps = [r["step"] for r in read_records(run_dir) if r.get("kind") == "train"]
     assert steps == [1, 2]  # the next records are whole, none swallowed
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(kib): a tmpfs of that size, which what is written to it fills (root only)."""
+    mounts = []
+
+    def mount(kib: int):
+        path = tmp_path / f"small{len(mounts)}"
+        path.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
+        if not shutil.which("mount") or subprocess.run(command, capture_output=True).returncode:
+            pytest.skip("mounting a small tmpfs needs root and mount(8) (CI runs as root)")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_disk_is_named_by_every_writer(small_disk, tmp_path, single_process, capsys):
+    """torch.save's writer says "unexpected pos 704 vs 598" and safetensors' raises a traceback
+    on a full disk: each writer names the cause and the place, and leaves nothing behind."""
+    run_dir = tmp_path / "run"
+    assert main([*TINY, *SHORT, f"run_dir={run_dir}"]) == 0
+    capsys.readouterr()
+    disk = small_disk(64)  # less than the model
+    for out, extra in (("m.pt", []), ("m.safetensors", []), ("hf", ["--format", "hf"])):
+        assert main(["export", f"run_dir={run_dir}", *extra, "--out", str(disk / out)])
+        assert f"No space left on device: {disk}" in one_line(capsys), out
+    # training: its config and metrics fit, the checkpoint (with AdamW's moments) does not
+    disk = small_disk(300)
+    assert main([*TINY, *SHORT, f"run_dir={disk / 'run'}"]) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{disk}/run/checkpoints/step-00000002 failed: rank 0: " in last
+    assert f"No space left on device: {disk}/run/checkpoints" in last, last
+    assert [p for d in tmp_path.glob("small*") for p in d.rglob(".*")] == []  # no temp files
+    assert not (disk / "run" / "checkpoints" / "step-00000002").exists()

@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
-from ..run.atomic import atomic_write
+from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from .integrity import MARKER, CheckpointError, complete_steps, step_path, verify
 from .manager import single_process_is_intended
@@ -93,11 +93,17 @@ def export_model(run_dir: Path, out: Path) -> Path:
             ) from None
     config, state = load_model_state(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".pt":
-        atomic_write(out, lambda tmp: torch.save(state, tmp))
-    else:
-        meta = {"format": "pt", "config": json.dumps(config, sort_keys=True)}
-        atomic_write(out, lambda tmp: safetensors.torch.save_file(state, str(tmp), metadata=meta))
+    try:
+        if out.suffix == ".pt":
+            atomic_write(out, lambda tmp: torch.save(state, tmp))
+        else:
+            meta = {"format": "pt", "config": json.dumps(config, sort_keys=True)}
+            atomic_write(out, lambda tmp: safetensors.torch.save_file(state, str(tmp), meta))
+    except Exception as err:  # torch's and safetensors' writers hide a full disk's errno
+        cause = hidden_write_cause(err, out.parent)
+        if cause is None:
+            raise
+        raise CheckpointError(f"export: cannot write {out}: {cause}") from None
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config_keys import ConfigError
-from ..run.atomic import atomic_write_text, fsync, temp_name
+from ..run.atomic import atomic_write_text, fsync, hidden_write_cause, temp_name
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 2**30  # transformers' default shard size (5 GB)
@@ -150,7 +150,13 @@ def write_model_dir(
             ]
         )
         for name, part in zip(names, shards, strict=True):
-            safetensors.torch.save_file(part, str(tmp / name), metadata={"format": "pt"})
+            try:
+                safetensors.torch.save_file(part, str(tmp / name), metadata={"format": "pt"})
+            except Exception as err:  # SafetensorError: "os error 28", the errno lost
+                cause = hidden_write_cause(err, tmp)
+                if cause is None:
+                    raise
+                raise ConfigError(f"export: cannot write {out}: {cause}") from None
         if len(shards) > 1:
             index = {
                 "metadata": {

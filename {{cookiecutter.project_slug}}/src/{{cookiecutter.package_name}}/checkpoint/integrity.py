@@ -19,6 +19,8 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import CheckpointException
 
+from ..run.atomic import hidden_write_cause
+
 MARKER = "COMPLETE.json"
 METADATA = ".metadata"  # DCP's index: which bytes of which file hold which tensor
 NAME = re.compile(r"step-(\d{8})")
@@ -29,12 +31,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written, or none of the existing ones can be loaded."""
 
 
-def describe(err: BaseException) -> str:
-    """One line: DCP wraps each rank's exception, with its traceback, in a CheckpointException."""
+def describe(err: BaseException, written: Path | None = None) -> str:
+    """One line: DCP wraps each rank's exception, with its traceback, in a CheckpointException.
+    `written`: the directory a failed write went to, to name a cause torch's writer hid."""
     if isinstance(err, CheckpointException) and err.failures:
         rank, (err, _) = next(iter(err.failures.items()))
-        return f"rank {rank}: {describe(err)}"
-    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        return f"rank {rank}: {describe(err, written)}"
+    cause = hidden_write_cause(err, written) if written is not None else None
+    return cause or " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
 def step_path(directory: Path, step: int) -> Path:

@@ -126,7 +126,7 @@ class CheckpointManager:
             except (OSError, CheckpointException) as err:  # DCP's is not an Exception
                 self._discard(path)  # every rank got the error: all writes have ended
                 raise CheckpointError(
-                    f"writing checkpoint {path} failed: {describe(err)}"
+                    f"writing checkpoint {path} failed: {describe(err, path.parent)}"
                 ) from None
             self._completed.append(self._finish(step, started, None, None))
             return self._completed[-1]
@@ -138,7 +138,9 @@ class CheckpointManager:
                 process_group=self.group,
             )
         except (OSError, CheckpointException) as err:
-            raise CheckpointError(f"writing checkpoint {path} failed: {describe(err)}") from None
+            raise CheckpointError(
+                f"writing checkpoint {path} failed: {describe(err, path.parent)}"
+            ) from None
         stall = time.perf_counter() - started
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-finish")
@@ -201,7 +203,7 @@ class CheckpointManager:
             if self.rank == 0:
                 names = sorted(p.name for p in path.iterdir())
         except (Exception, CheckpointException) as err:  # DCP's is not an Exception
-            error = describe(err)
+            error = describe(err, path.parent)
         names = self._broadcast(names)
         try:
             for name in names or []:

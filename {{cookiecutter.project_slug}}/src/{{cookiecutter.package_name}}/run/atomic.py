@@ -37,6 +37,30 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     fsync(path.parent)
 
 
+# How torch.save (its C++ zip writer) and safetensors report a failed write: the errno is lost
+# ("unexpected pos 704 vs 598") or only in the text ("os error 28").
+HIDDEN_WRITE_ERRORS = ("inline_container", "file write failed", "os error")
+
+
+def hidden_write_cause(err: BaseException, directory: Path) -> str | None:
+    """Why a write into `directory` failed, when the writer hid it: a probe file written there
+    gets the real OSError (a full disk, a quota, a read-only file system), named with the path.
+    None when the error says its cause itself, or the probe succeeds."""
+    if not any(text in str(err) for text in HIDDEN_WRITE_ERRORS):
+        return None
+    probe = Path(directory) / f".write-probe{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as probe_err:
+        return f"{probe_err.strerror or probe_err}: {directory}"
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
