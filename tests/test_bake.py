@@ -256,7 +256,7 @@ def test_job_scripts_follow_answers(baked):
         else:
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("1", "288")
             assert "python -m torch.distributed.run" in text
-            assert 'PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"' in text
+            assert 'PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"' in text
         uenv = job.name == "train_uenv.sbatch"
         assert (d.get("uenv"), d.get("view")) == (
             (a["__uenv_image"], "default") if uenv else (None, None)
