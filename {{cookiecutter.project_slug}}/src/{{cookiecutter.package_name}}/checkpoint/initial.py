@@ -112,7 +112,7 @@ def tied_names(state: dict) -> dict[str, str]:
     tied = {}
     for name, tensor in state.items():
         local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        if local.numel() == 0:  # a rank may hold no rows of a small tensor: compare globally
+        if local.numel() == 0:  # no rows on this rank (a tensor smaller than the ranks)
             continue
         key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(tensor.shape))
         if key in first:
