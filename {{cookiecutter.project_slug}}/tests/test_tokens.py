@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -272,7 +273,11 @@ def edit_index(out, index, **changes):
             lambda i: {
                 "train": {
                     **i["train"],
-                    "files": [*i["train"]["files"], {"name": "train-00009.bin", "tokens": 9}],
+                    "files": [
+                        *i["train"]["files"],
+                        {"name": "train-00009.bin", "tokens": 9, "max_id": 1}
+                        | {"sampled_blocks": 1, "sample_sha256": "sha256:0"},
+                    ],
                 }
             },
             "train-00009.bin: missing, but index.json lists it",
@@ -306,16 +311,60 @@ def test_training_on_ids_outside_the_vocabulary_stops_with_one_line(
     assert not list((tmp_path / "run").glob("checkpoints/step-*")), "no checkpoint is written"
 
 
-def test_datasets_written_before_max_ids_were_recorded_are_scanned(tmp_path):
+def test_a_shard_rewritten_in_place_stops_the_resume_in_one_line(tmp_path, capsys, single_process):
+    # Same size, same largest id, other order: the fingerprint in index.json still matches the
+    # checkpoint's, so only reading the shards again can tell (index.json's sampled blocks).
+    out, _ = byte_dataset(tmp_path)
+    run = ["train", "model=gpt", "preset=tiny", f"dataset={out}", f"run_dir={tmp_path / 'run'}"]
+    run += ["device=cpu", "eval_every=0", "checkpoint_every=2", "max_steps=4"]
+    assert main(run) == 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.rmtree(checkpoints / "step-00000004")  # as if stopped after step 2
+    shard = out / "train-00000.bin"
+    shard.write_bytes(np.roll(np.fromfile(shard, dtype=np.uint16), 7).tobytes())
+    capsys.readouterr()
+    assert main(run) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert f"{shard}: changed since make-dataset wrote it" in line
+    assert [p.name for p in checkpoints.glob("step-*")] == ["step-00000002"]
+
+
+def test_the_sampled_blocks_cost_the_same_for_any_dataset_size(tmp_path):
+    # about SAMPLE_BLOCKS reads of SAMPLE_BYTES, one more per shard at most
+    for sizes in ([10], [2**29] * 4, [2**29] * 3 + [12345], [2**30] * 1000):
+        counts = tokens.sample_blocks(sizes)
+        assert all(c >= 1 for c in counts)
+        assert sum(counts) <= tokens.SAMPLE_BLOCKS + len(sizes)
+    path = tmp_path / "shard.bin"
+    data = bytearray(3 * 2**20)
+    path.write_bytes(data)
+    before = tokens.sample_sha256(path, len(data), 64)
+    data[-1] = 1  # the last block is sampled, and so is the first
+    path.write_bytes(data)
+    assert tokens.sample_sha256(path, len(data), 64) != before
+
+
+def test_an_index_without_sample_hashes_is_refused_in_one_line(tmp_path):
     out, index = byte_dataset(tmp_path)
-    for split in ("train", "val"):
-        for entry in index[split]["files"]:
-            del entry["max_id"]
-    edit_index(out, index, vocab_size=255)  # DOCS hold byte 255
-    with pytest.raises(DatasetError, match="holds token id 255, but the vocabulary"):
-        TokenDataset.open(out)
+    del index["val"]["files"][0]["sample_sha256"]
     edit_index(out, index)
-    assert TokenDataset.open(out).vocab_size == 256
+    with pytest.raises(DatasetError, match="records no sample hashes for val-00000.bin"):
+        TokenDataset.open(out)
+
+
+def test_an_id_outside_the_vocabulary_in_a_batch_names_its_shard(tmp_path):
+    # a change where the sampled blocks did not look: refused when a batch reads it, not an
+    # IndexError inside the embedding
+    path = tmp_path / "train-00000.bin"
+    ids = np.arange(1000, dtype=np.uint16) % 200
+    ids[500] = 300
+    ids.tofile(path)
+    shard = np.memmap(path, dtype=np.uint16, mode="r")
+    assert tokens.gather([shard], np.array([0, 100]), 65, 256).shape == (2, 65)
+    with pytest.raises(DatasetError, match=r"train-00000.bin: holds token id 300, but the vocab"):
+        tokens.gather([shard], np.array([0, 480]), 65, 256)
 
 
 def test_resume_compares_datasets_by_fingerprint_not_path_spelling(caplog):

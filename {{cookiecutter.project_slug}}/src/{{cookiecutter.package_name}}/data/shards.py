@@ -30,6 +30,8 @@ from .tokens import (
     SHARD_TOKENS,
     DatasetError,
     read_index,
+    sample_blocks,
+    sample_sha256,
     token_dtype,
 )
 
@@ -215,6 +217,7 @@ def write_shards(
                 "source": str(meta["tokenizer_file"]),
             }
         index["train"], index["val"] = train.close(), val.close()
+        record_samples(tmp, index["train"]["files"] + index["val"]["files"], dtype.itemsize)
         index["fingerprint"] = fingerprint(tmp, index)
         index["sources"] = meta["sources"]
         write_json(tmp / INDEX_FILE, index)
@@ -295,6 +298,14 @@ class ShardWriter:
     def close(self) -> dict:
         self._close_handle()
         return {"files": self.files, "tokens": sum(f["tokens"] for f in self.files)}
+
+
+def record_samples(directory: Path, files: list[dict], itemsize: int) -> None:
+    """Add to each shard's entry the hash of its sampled blocks (checked at every open)."""
+    sizes = [entry["tokens"] * itemsize for entry in files]
+    for entry, size, blocks in zip(files, sizes, sample_blocks(sizes), strict=True):
+        entry["sampled_blocks"] = blocks
+        entry["sample_sha256"] = sample_sha256(directory / entry["name"], size, blocks)
 
 
 def fingerprint(directory: Path, index: dict) -> str:

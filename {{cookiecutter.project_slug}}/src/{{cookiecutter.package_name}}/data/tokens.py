@@ -3,7 +3,8 @@
 A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` and `hf.py`):
 
     index.json                            format, dtype, vocab_size, tokenizer, fingerprint, and
-                                          each shard's token count and largest id
+                                          each shard's token count, largest id and the sha256 of
+                                          a few sampled blocks (checked at every open)
     train-00000.bin, train-00001.bin ...  raw little-endian tokens, 2**28 per shard: uint16 for
                                           vocabularies up to 65,536, uint32 above
     val-00000.bin ...                     the last `val_fraction` of the token stream
@@ -23,6 +24,7 @@ drawn: at most block_size per 2**28 tokens).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sysconfig
 from pathlib import Path
@@ -40,6 +42,12 @@ DOCUMENT_END = 0  # byte tokenizer: the token after every document
 SHARD_TOKENS = 2**28  # 512 MiB (uint16) or 1 GiB (uint32) per shard
 MIN_VAL_TOKENS = 1025  # at least one window of block_size 1024 (+1 for the shifted targets)
 CHUNK_TOKENS = 2**24  # bounded memory when copying or scanning large token files
+# A shard rewritten after make-dataset (same size, other tokens) would resume a run on other data
+# under the same fingerprint. Hashing every shard at every start costs a full read; instead
+# make-dataset records the sha256 of SAMPLE_BLOCKS blocks spread over the whole dataset (at least
+# one per shard) and every open reads them again: about 1 MiB, whatever the dataset's size.
+SAMPLE_BLOCKS = 64
+SAMPLE_BYTES = 16 * 1024
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -107,7 +115,13 @@ def read_index(directory: Path) -> dict:
     try:
         for split in ("train", "val"):
             for entry in index[split]["files"]:
-                str(entry["name"]), int(entry["tokens"]), int(entry.get("max_id", 0))
+                str(entry["name"]), int(entry["tokens"]), int(entry["max_id"])
+                if "sample_sha256" not in entry:
+                    raise DatasetError(
+                        f"{path}: records no sample hashes for {entry['name']} (written by an "
+                        "earlier make-dataset); write the dataset again"
+                    )
+                int(entry["sampled_blocks"]), str(entry["sample_sha256"])
         vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
@@ -150,13 +164,9 @@ class TokenDataset:
             shards = []
             for entry in index[split]["files"]:
                 shard = open_shard(directory / entry["name"], int(entry["tokens"]), dtype)
-                max_id = entry.get("max_id")
-                if max_id is None:  # written before index.json recorded it: scan once
-                    max_id = max(
-                        int(shard[i : i + CHUNK_TOKENS].max())
-                        for i in range(0, len(shard), CHUNK_TOKENS)
-                    )
-                if int(max_id) >= vocab_size:
+                check_samples(directory / entry["name"], entry)
+                max_id = int(entry["max_id"])
+                if max_id >= vocab_size:
                     raise DatasetError(
                         f"{directory / entry['name']}: holds token id {max_id}, but the "
                         f"vocabulary (index.json vocab_size) is {vocab_size}: ids must be below "
@@ -216,7 +226,7 @@ class TokenDataset:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and targets y, CPU int64 (batch_size, block_size): y is x shifted by one."""
         starts = self.window_starts(seed, step, micro, rank, batch_size, block_size)
-        windows = gather(self.train, starts, block_size + 1)
+        windows = gather(self.train, starts, block_size + 1, self.vocab_size)
         return split_window(windows)
 
     def val_batches(
@@ -243,7 +253,7 @@ class TokenDataset:
             )
         mine = starts[rank::world][:per_rank]
         return [
-            split_window(gather(self.val, mine[i : i + batch_size], window))
+            split_window(gather(self.val, mine[i : i + batch_size], window, self.vocab_size))
             for i in range(0, per_rank, batch_size)
         ]
 
@@ -266,9 +276,43 @@ def open_shard(path: Path, tokens: int, dtype: np.dtype) -> np.memmap:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def gather(shards: list, starts: np.ndarray, window: int) -> np.ndarray:
+def sample_sha256(path: Path, size: int, blocks: int) -> str:
+    """sha256 of `blocks` blocks of SAMPLE_BYTES spread evenly over the file of `size` bytes (its
+    first and last block included)."""
+    digest, span = hashlib.sha256(), max(size - SAMPLE_BYTES, 0)
+    with open(path, "rb") as f:
+        for k in range(blocks):
+            f.seek(span * k // max(blocks - 1, 1))
+            digest.update(f.read(SAMPLE_BYTES))
+    return "sha256:" + digest.hexdigest()
+
+
+def sample_blocks(sizes: list[int]) -> list[int]:
+    """How many blocks of each shard (of `sizes` bytes) make-dataset samples: SAMPLE_BLOCKS in
+    all, in proportion to size, at least one per shard."""
+    total = sum(sizes) or 1
+    return [max(1, round(SAMPLE_BLOCKS * size / total)) for size in sizes]
+
+
+def check_samples(path: Path, entry: dict) -> None:
+    """Refuse a shard whose sampled blocks are not those make-dataset wrote."""
+    try:
+        found = sample_sha256(path, path.stat().st_size, int(entry["sampled_blocks"]))
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
+    if found != entry["sample_sha256"]:
+        raise DatasetError(
+            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
+            "index.json's), so the dataset's fingerprint no longer describes its tokens; write "
+            "the dataset again"
+        )
+
+
+def gather(shards: list, starts: np.ndarray, window: int, vocab_size: int) -> np.ndarray:
     """Rows of `window` tokens at `starts` (positions in the concatenated shards; a window lies
-    inside one shard): one fancy-indexing read per shard touched, not one per token."""
+    inside one shard): one fancy-indexing read per shard touched, not one per token. An id at or
+    above `vocab_size` (a shard changed where the samples did not look) is refused here, in one
+    line, instead of an IndexError inside the model."""
     bounds = np.cumsum([len(s) for s in shards], dtype=np.int64)
     shard = np.searchsorted(bounds, starts, side="right")
     out = np.empty((len(starts), window), dtype=np.int64)
@@ -277,6 +321,12 @@ def gather(shards: list, starts: np.ndarray, window: int) -> np.ndarray:
         rows = np.flatnonzero(shard == i)
         local = starts[rows] - (bounds[i] - len(shards[i]))
         out[rows] = shards[i][local[:, None] + offsets]
+        if len(rows) and (largest := int(out[rows].max())) >= vocab_size:
+            raise DatasetError(
+                f"{getattr(shards[i], 'filename', 'a token shard')}: holds token id {largest}, "
+                f"but the vocabulary is {vocab_size}: the shard changed after make-dataset "
+                "wrote it; write the dataset again"
+            )
     return out
 
 
