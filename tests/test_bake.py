@@ -572,7 +572,7 @@ def fake_job(bake, tmp_path):
         (fake_bin / name).chmod(0o755)
     calls = tmp_path / "calls"
 
-    def _run(**extra: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    def _run(**extra: str | None) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
         shutil.rmtree(calls, ignore_errors=True)
         calls.mkdir()
         env = fake_env(tmp_path, fake_bin, calls) | {
@@ -585,6 +585,7 @@ def fake_job(bake, tmp_path):
             "DOCTOR": "0",
             **extra,
         }
+        env = {key: value for key, value in env.items() if value is not None}  # None: unset
         proc = run(
             ["bash", "jobs/train_uenv.sbatch", "max_steps=7"], cwd=repo, env=env, check=False
         )
@@ -618,6 +619,29 @@ def test_job_script_runs_array_tasks_as_runs_of_their_own(fake_job, tmp_path):
     assert proc.returncode == 1 and len(calls) == 1
     assert f"run_dir={runs}/alps-torch-project-1" in calls[0]
     assert "error: training failed (exit status 1;" in proc.stderr
+
+
+def test_job_script_passes_dataset_only_when_the_user_set_it(fake_job, tmp_path):
+    """DATASET set: `dataset=` after the config (it overrides the file's). Unset: the default
+    stdlib-bytes goes in as `--job-default`, below every config file, so a config's own dataset
+    trains (the script used to pass dataset=<default> over it, silently)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.json").write_text("{}")
+    proc, calls = fake_job(DATASET=str(mine))
+    assert proc.returncode == 0, proc.stderr
+    (train,) = calls
+    assert f"dataset={mine}" in train and "--job-default" not in train
+    assert f"dataset={mine}: from DATASET in the job's environment" in proc.stdout
+
+    proc, calls = fake_job(DATASET=None)
+    assert proc.returncode == 0, proc.stderr
+    default = tmp_path / "scratch" / "alps-torch-project" / "data" / "stdlib-bytes"
+    make, train = calls  # the default dataset does not exist yet: made first
+    assert make[-3:] == ["--stdlib", "--out", str(default)]
+    at = train.index("--job-default")
+    assert train[at + 1] == f"dataset={default}"
+    assert [i for i, item in enumerate(train) if item.startswith("dataset=")] == [at + 1]
 
 
 def test_job_script_requeues_on_its_own_requeue_marker_only(fake_job, tmp_path):

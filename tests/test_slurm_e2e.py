@@ -413,13 +413,22 @@ def test_spank_options_reach_the_steps(slurm, tmp_path):
 
 
 def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
-    """uenv + srun, configs/tiny.toml to the end; the dataset is made by the first job that needs
-    it and the doctor checks all ranks first. (torchrun after the doctor: the two-node module;
+    """uenv + srun, a config file extending configs/tiny.toml to the end, on the dataset that
+    file names; the default dataset is made by the first job that needs it and the doctor checks
+    all ranks first. (torchrun after the doctor: the two-node module;
     the Alps Extended torchrun script to its end: the preemption test below.)"""
     target = repo("both-extended-srun", "uenv")
-    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
+    # The config file names the dataset (through a link to the session's, so that its path
+    # differs from the job's default) and DATASET is unset: the file's value trains, and the job
+    # script's default, DATA_DIR/stdlib-bytes, is only made (once: it is the session's dataset).
+    alias = tmp_path / "linked-dataset"
+    alias.symlink_to(dataset, target_is_directory=True)
+    config = tmp_path / "own.toml"
+    config.write_text(f'extends = "{target.path}/configs/tiny.toml"\ndataset = "{alias}"\n')
+    env = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu", "CONFIG": str(config), "DATASET": None}
+    env["DATA_DIR"] = str(dataset.parent)
     shape = TWO_RANKS[target.launcher]
-    sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
+    sub = submit(slurm, target, tmp_path, QUICK, dataset, env, shape, ranks=2)
     with explained(sub):
         job = sub.wait()
         assert job.state == "COMPLETED" and job.exit_code == (0, 0)
@@ -433,7 +442,8 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
         assert text.index(doctor_line) < text.index("training finished")
         assert "old spelling" not in text, "the job script calls a command the old way"
         resolved = tomllib.loads((sub.run_dir / "config.toml").read_text())
-        assert resolved["dataset"] == str(dataset) and resolved["preset"] == "tiny"
+        assert resolved["dataset"] == str(alias) and resolved["preset"] == "tiny"
+        assert re.search(rf"INFO settings from {re.escape(str(config))}: [^;]*\bdataset\b", text)
         check_log_path(sub, job)
         check_ranks_trained(sub, max_steps=40)
         check_checkpoint(sub, 40)

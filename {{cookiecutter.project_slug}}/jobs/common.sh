@@ -55,14 +55,22 @@ elif [[ -n "${SWEEP:-}" ]]; then
     exit 2
 fi
 RUN_DIR="${RUN_DIR:-{{ cc.checkpoint_dir }}/${RUN_NAME}}"
-# Datasets live in DATA_DIR. The default one, the Python standard library's sources as byte
-# tokens, is made on first use (it needs no download); your own:
-# python -m {{ cc.package_name }} make-dataset --text FILE... --out <DATA_DIR>/NAME, then DATASET=...
+# Datasets live in DATA_DIR; your own: python -m {{ cc.package_name }} make-dataset --text FILE...
+# --out <DATA_DIR>/NAME. Which one trains: DATASET=... in the job's environment, else the config
+# file's `dataset`, else the jobs' default, the Python standard library's sources as byte tokens
+# (DATA_DIR/stdlib-bytes, made on first use: it needs no download). The run's first lines say
+# where each setting came from.
 {%- if ce %}
-# A container job's EDF mounts DATA_DIR into the container: keep DATASET inside it.
+# A container job's EDF mounts DATA_DIR into the container: keep your datasets inside it.
 {%- endif %}
 DATA_DIR="${DATA_DIR:-{{ cc.data_dir }}}"
-DATASET="${DATASET:-${DATA_DIR}/stdlib-bytes}"
+if [[ -n "${DATASET:-}" ]]; then
+    dataset_args=("dataset=${DATASET}")
+    echo "dataset=${DATASET}: from DATASET in the job's environment (over the config file's)"
+else
+    DATASET="${DATA_DIR}/stdlib-bytes"
+    dataset_args=(--job-default "dataset=${DATASET}")  # below every config file's value
+fi
 CONFIG="${CONFIG:-configs/default.toml}"
 if [[ ! -f "${CONFIG}" ]]; then
     echo "error: CONFIG=${CONFIG} does not exist (a path relative to the repository root)" >&2
@@ -131,7 +139,8 @@ profiler='profile=(); if [[ "${NSYS}" == all || ( "${NSYS}" == 1 && "{{ who }}" 
     profile=(nsys profile --trace=cuda,nvtx,osrt --output="${NSYS_DIR}/${SLURM_JOB_ID}-{{ unit }}{{ who }}"); fi; '
 
 # The dataset, once: make-dataset writes to a temporary directory and renames it, so jobs that
-# start together cannot leave a half-written one. Only the default stdlib-bytes is made here: a
+# start together cannot leave a half-written one. Only the default stdlib-bytes is made here (also
+# when your config file names another: a job script cannot read TOML; it takes a minute, once): a
 # missing dataset of yours is an error, not silently replaced.
 if [[ "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]]; then
     if [[ "$(basename "${DATASET}")" != stdlib-bytes ]]; then
@@ -159,7 +168,7 @@ started="$(mktemp)"  # the REQUEUE marker counts only if written after this (see
 trap 'rm -f "${started}"' EXIT
 set +e
 srun "${srun_args[@]}" bash -c "${profiler}${all_ranks}" bash \
-    --config "${CONFIG}" "run_dir=${RUN_DIR}" "dataset=${DATASET}" "$@" "${task_args[@]}"
+    --config "${CONFIG}" "run_dir=${RUN_DIR}" "${dataset_args[@]}" "$@" "${task_args[@]}"
 status=$?
 set -e
 

@@ -21,11 +21,38 @@ from {{ cookiecutter.package_name }}.models import spec_of
 
 def test_default_config_file_matches_the_declarations():
     """configs/default.toml spells out every general key and the default model's own keys,
-    each at its declared default."""
+    each at its declared default; `dataset` only in a comment, so that the job scripts'
+    default (stdlib-bytes, below every file) applies when a job uses this file."""
     cfg = load_config(REPO / "configs" / "default.toml")
     assert cfg == Config(), "configs/default.toml should hold the declared defaults"
     declared = [k.name for k in GENERAL_KEYS] + [k.name for k in spec_of(cfg).keys]
-    assert sorted(read_toml(REPO / "configs" / "default.toml")) == sorted(declared)
+    assert sorted(read_toml(REPO / "configs" / "default.toml")) == sorted(
+        set(declared) - {"dataset"}
+    )
+    assert '\n# dataset = "synthetic"\n' in (REPO / "configs" / "default.toml").read_text()
+
+
+def test_a_config_files_dataset_beats_the_job_scripts_default(tmp_path, capsys, single_process):
+    """Declared default < a job script's --job-default < config files < key=value: a job
+    script never puts its default over a file's value (it trained on stdlib-bytes, silently)."""
+    job = ["--job-default", f"dataset={tmp_path / 'stdlib-bytes'}"]
+    base = tmp_path / "base.toml"
+    base.write_text('dataset = "synthetic"\nlr = 0.002\n')
+    assert load_config(None, [], job[1:]).dataset == str(tmp_path / "stdlib-bytes")
+    cfg = load_config([base], ["lr=0.003", "max_steps=2"], job[1:])
+    assert (cfg.dataset, cfg.lr) == ("synthetic", 0.003)
+    run_dir = tmp_path / "run"
+    tiny = [item for item in TINY if not item.startswith(("dataset=", "lr="))]
+    argv = ["--config", str(base), *job, *tiny, f"run_dir={run_dir}", "max_steps=2"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    (line,) = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO settings " in line]
+    assert line.endswith("; other keys: their defaults"), line
+    assert "job script default" not in line  # the file's dataset replaced it
+    assert line.startswith(f"settings from {base}: dataset, lr; command line: device, model"), line
+    saved = (run_dir / "config.toml").read_text().splitlines()
+    assert saved[1] == f"# where the values came from: {line.removeprefix('settings from ')}"
+    assert 'dataset = "synthetic"' in saved
 
 
 def test_overrides_are_typed_by_the_fields(tmp_path):

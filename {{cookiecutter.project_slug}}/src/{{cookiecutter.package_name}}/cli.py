@@ -58,6 +58,13 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     train = sub.add_parser("train", help="train, or resume from the newest checkpoint (default)")
     add_config_arguments(train)
+    train.add_argument(
+        "--job-default",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="a value below every config file: how the job scripts give dataset its default",
+    )
     bench = sub.add_parser("benchmark", help="time the training step against a bare loop (JSON)")
     add_config_arguments(bench)
     bench.add_argument(
@@ -270,7 +277,7 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         return run_benchmark(load_config(args.config, extra + overrides))
     from .train import train
 
-    return train(load_config(args.config, overrides))
+    return train(load_config(args.config, overrides, args.job_default))
 
 
 def unknown_command(word: str) -> str | None:

@@ -1,15 +1,15 @@
-"""Config files: read TOML, follow `extends`, merge several files in order.
+"""Config files: read TOML, follow `extends`.
 
 A file may name a base with `extends = "tiny.toml"` (relative to the file itself); the file's own
 keys then override the base's, so `configs/experiments/*.toml` hold only what differs. Several
 `--config` files merge left to right, each with its bases resolved first; `key=value` overrides
-come after all of them (in `load_config`).
+come after all of them (`config.settings.load_config`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +70,4 @@ def read_file(
             values[key] = check(key, value)
         except ConfigError as err:
             raise ConfigError(f"config file {path}: {err}") from None
-    return values
-
-
-def read_files(
-    paths: str | Path | Sequence[str | Path] | None, check: Callable[[str, Any], Any]
-) -> dict[str, Any]:
-    """Several config files merged in order: a later file's keys override an earlier one's."""
-    if paths is None:
-        return {}
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    values: dict[str, Any] = {}
-    for path in paths:
-        values.update(read_file(path, check))
     return values

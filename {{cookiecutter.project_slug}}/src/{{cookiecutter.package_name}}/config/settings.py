@@ -20,7 +20,7 @@ from ..config_keys import ConfigError, Key, not_empty, parse_interval
 from ..models import DEFAULT_MODEL, MODELS, model_keys, spec_of
 from ..run.atomic import atomic_write_text
 from ..run.rundir import RunDir
-from .files import read_files, read_toml
+from .files import read_file, read_toml
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -196,16 +196,50 @@ def validate(cfg) -> Config:
 
 
 def load_config(
-    path: str | Path | Sequence[str | Path] | None, overrides: list[str] = ()
+    path: str | Path | Sequence[str | Path] | None,
+    overrides: Sequence[str] = (),
+    job_defaults: Sequence[str] = (),
 ) -> Config:
-    """Defaults <- TOML files (merged in order, `extends` followed) <- `key=value` overrides."""
-    values: dict[str, Any] = read_files(path, parse_value)
-    for item in overrides:
+    """Declared defaults <- a job script's defaults (`--job-default key=value`, e.g. its dataset)
+    <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. The Config
+    remembers where each value that is not a declared default came from (`origins`)."""
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+
+    def take(items: dict[str, Any], origin: str) -> None:
+        values.update(items)
+        for key in items:
+            origins.pop(key, None)  # re-inserted: keys keep the order of their last source
+            origins[key] = origin
+
+    take(parse_items(job_defaults), "job script default")
+    paths = [path] if isinstance(path, str | Path) else list(path or ())
+    for file in paths:
+        take(read_file(file, parse_value), str(file))
+    take(parse_items(overrides), "command line")
+    cfg = validate(Config(**values))
+    object.__setattr__(cfg, "_origins", origins)  # not a field: not compared, not saved
+    return cfg
+
+
+def parse_items(items: Sequence[str]) -> dict[str, Any]:
+    values = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         values[key.strip()] = parse_value(key.strip(), value.strip())
-    return validate(Config(**values))
+    return values
+
+
+def describe_origins(cfg: Config) -> str:
+    """Where the values came from, one group per source in the order they apply (load_config
+    moves a key to the end when a later source sets it again)."""
+    groups: dict[str, list[str]] = {}
+    for key, origin in getattr(cfg, "_origins", {}).items():
+        groups.setdefault(origin, []).append(key)
+    parts = [f"{origin}: {', '.join(keys)}" for origin, keys in groups.items()]
+    return "; ".join([*parts, "other keys: their defaults"])
 
 
 def toml_value(value: Any) -> str:
@@ -236,8 +270,11 @@ def config_checksum(body: str) -> str:
 
 def save_config(cfg: Config, path: Path) -> None:
     """Written atomically: a run directory never holds half a config (nor a temp file). The
-    header's checksum tells a config.toml edited by hand from the one the run wrote."""
-    body = to_toml(cfg)
+    header's checksum tells a config.toml edited by hand from the one the run wrote. Where each
+    value came from is logged (once per start: only the main rank saves) and kept as a comment."""
+    origins = describe_origins(cfg)
+    log.info("settings from %s", origins)
+    body = f"# where the values came from: {origins}\n{to_toml(cfg)}"
     atomic_write_text(path, f"{CONFIG_HEADER}{config_checksum(body)}\n{body}")
 
 
