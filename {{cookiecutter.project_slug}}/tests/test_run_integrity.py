@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
-from conftest import REPO, TINY, one_line, two_ranks
+from conftest import PACKAGE, REPO, TINY, free_port, one_line, rank_env, two_ranks
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
@@ -36,6 +37,46 @@ def test_one_directory_spelled_two_ways_is_one_run(tmp_path):
         [[*TINY, *SHORT, f"run_dir={run_dir}"], [*TINY, *SHORT, f"run_dir={relative}/"]]
     )
     assert [proc.returncode for proc, _, _ in results] == [0, 0], results[0][2][-2000:]
+
+
+# Rank 1 stalls inside its checkpoint write (as if its node had vanished): the other rank's
+# wait in the checkpoint's collectives ends after dist_timeout_s, like any other collective.
+STALLED_WRITE = f"""
+import os, sys, time
+import torch.distributed.checkpoint.filesystem as fs
+from {PACKAGE}.cli import main
+if os.environ["RANK"] == "1":
+    fs.FileSystemWriter.write_data = lambda *args: time.sleep(600)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_lost_during_a_checkpoint_fails_the_others_within_dist_timeout_s(tmp_path):
+    # The checkpoint's own gloo group waited 600 s whatever dist_timeout_s said; the survivors
+    # then held the nodes until Slurm noticed the lost one, and never named the cause.
+    args = [*TINY, *SHORT, f"run_dir={tmp_path / 'run'}", "dist_timeout_s=20"]
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", STALLED_WRITE, *args],
+            cwd=REPO,
+            env=rank_env(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        _, err = ranks[0].communicate(timeout=240)  # start-up on a loaded machine, then 20 s
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    assert ranks[0].returncode == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "ERROR a collective did not complete within dist_timeout_s" in last, err[-2000:]
+    assert "Traceback" not in err
 
 
 def test_a_cut_last_line_is_closed_off_before_the_next_record(tmp_path, single_process, caplog):

@@ -150,7 +150,11 @@ def measure_checkpoint(run, cfg: Config) -> dict:
     result = {}
     for mode in ("sync", "async"):
         ckpt = checkpoint.CheckpointManager(
-            directory / mode, run.checkpoint_parts(), keep=1, async_save=mode == "async"
+            directory / mode,
+            run.checkpoint_parts(),
+            keep=1,
+            async_save=mode == "async",
+            timeout_s=cfg.dist_timeout_s,
         )
         try:
             for step in (1, 2):

@@ -316,7 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:
-        if isinstance(err, checkpoint_error()):  # a RuntimeError: a checkpoint that cannot be used
+        if args.command in ("train", "benchmark") and is_collective_timeout(err):
+            # also inside a checkpoint write (a CheckpointError naming the rank's timeout)
+            logging.getLogger(__package__).error(
+                "a collective did not complete within dist_timeout_s: another rank is hung or "
+                "dead (its own lines say which); ending instead of holding the nodes (%s)",
+                first_line(err),
+            )
+        elif isinstance(
+            err, checkpoint_error()
+        ):  # a RuntimeError: a checkpoint that cannot be used
             print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         elif out_of_memory(err):
             print(
@@ -324,12 +333,6 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_size (raise grad_accum_steps to keep the global batch), or use "
                 "activation_checkpointing=true / parallelism=fsdp",
                 file=sys.stderr,
-            )
-        elif args.command in ("train", "benchmark") and is_collective_timeout(err):
-            logging.getLogger(__package__).error(
-                "a collective did not complete within dist_timeout_s: another rank is hung or "
-                "dead (its own lines say which); ending instead of holding the nodes (%s)",
-                first_line(err),
             )
         elif isinstance(err, OSError):  # ENOSPC, EACCES, EROFS, a file where a folder belongs
             print(f"{PROG} {args.command}: error: {os_error_text(err)}", file=sys.stderr)

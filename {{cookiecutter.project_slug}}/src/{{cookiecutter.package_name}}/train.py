@@ -1,8 +1,6 @@
 """The training loop. `train(cfg)` starts a run, or resumes it from the newest checkpoint in
-`cfg.run_dir`: the same command does both.
-
-Returns the process exit status: 0 finished, 3 (REQUEUE_EXIT_CODE) stopped early with a
-checkpoint (signal or job end time near).
+`cfg.run_dir`: the same command does both. Returns the process exit status: 0 finished, 3
+(REQUEUE_EXIT_CODE) stopped early with a checkpoint (signal or job end time near).
 """
 
 from __future__ import annotations
@@ -341,6 +339,7 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
         keep=cfg.keep_checkpoints,
         async_save=cfg.async_checkpoint == "true"
         or (cfg.async_checkpoint == "auto" and run.device.type == "cuda"),
+        timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
     resume(run, ckpt)
     run.state.extra.update(

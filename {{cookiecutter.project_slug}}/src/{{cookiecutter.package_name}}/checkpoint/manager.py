@@ -71,7 +71,7 @@ class CheckpointManager:
         parts: dict[str, Any],
         keep: int = 3,
         async_save: bool = False,
-        timeout_s: float = 600.0,
+        timeout_s: float = 300.0,  # train passes dist_timeout_s
     ):
         self.directory, self.parts = Path(directory), dict(parts)
         self.keep, self.async_save = max(1, keep), async_save

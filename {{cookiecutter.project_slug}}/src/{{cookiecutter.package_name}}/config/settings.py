@@ -214,12 +214,20 @@ def load_config(
 
     take(parse_items(job_defaults), "job script default")
     paths = [path] if isinstance(path, str | Path) else list(path or ())
-    for file in paths:
-        take(read_file(file, parse_value), str(file))
+    for file in paths:  # a name with a newline must not end config.toml's comment line
+        take(
+            read_file(file, parse_value), str(file) if str(file).isprintable() else ascii(str(file))
+        )
     take(parse_items(overrides), "command line")
     cfg = validate(Config(**values))
-    object.__setattr__(cfg, "_origins", origins)  # not a field: not compared, not saved
+    global _last_loaded
+    _last_loaded = (cfg, origins)
     return cfg
+
+
+# Where the values of the Config load_config returned last came from: kept beside it, not in it
+# (a Config holds config keys only; it is compared, saved and printed as such).
+_last_loaded: tuple[Config | None, dict[str, str]] = (None, {})
 
 
 def parse_items(items: Sequence[str]) -> dict[str, Any]:
@@ -232,11 +240,15 @@ def parse_items(items: Sequence[str]) -> dict[str, Any]:
     return values
 
 
-def describe_origins(cfg: Config) -> str:
+def describe_origins(cfg: Config) -> str | None:
     """Where the values came from, one group per source in the order they apply (load_config
-    moves a key to the end when a later source sets it again)."""
+    moves a key to the end when a later source sets it again); None for a Config that
+    load_config did not make (one built in Python)."""
+    loaded, origins = _last_loaded
+    if loaded is not cfg:
+        return None
     groups: dict[str, list[str]] = {}
-    for key, origin in getattr(cfg, "_origins", {}).items():
+    for key, origin in origins.items():
         groups.setdefault(origin, []).append(key)
     parts = [f"{origin}: {', '.join(keys)}" for origin, keys in groups.items()]
     return "; ".join([*parts, "other keys: their defaults"])
@@ -272,9 +284,11 @@ def save_config(cfg: Config, path: Path) -> None:
     """Written atomically: a run directory never holds half a config (nor a temp file). The
     header's checksum tells a config.toml edited by hand from the one the run wrote. Where each
     value came from is logged (once per start: only the main rank saves) and kept as a comment."""
+    body = to_toml(cfg)
     origins = describe_origins(cfg)
-    log.info("settings from %s", origins)
-    body = f"# where the values came from: {origins}\n{to_toml(cfg)}"
+    if origins is not None:
+        log.info("settings from %s", origins)
+        body = f"# where the values came from: {origins}\n{body}"
     atomic_write_text(path, f"{CONFIG_HEADER}{config_checksum(body)}\n{body}")
 
 
