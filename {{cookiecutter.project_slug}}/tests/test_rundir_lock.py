@@ -52,15 +52,20 @@ def test_array_tasks_are_separate_jobs(tmp_path, monkeypatch):
         acquire(tmp_path)
 
 
-def test_a_dead_process_on_this_host_is_taken_over(tmp_path, monkeypatch):
+def test_a_dead_process_on_this_host_is_taken_over(tmp_path, monkeypatch, lock_warnings):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     plant(tmp_path, job=None, host=socket.gethostname(), pid=dead.pid)
     assert "is gone" in acquire(tmp_path).me["took_over"]
+    (said,) = lock_warnings.messages  # the takeover is logged, naming the file and the why
+    assert (
+        said
+        == f"taking over {tmp_path / LOCK}: its process {dead.pid} on {socket.gethostname()} is gone"
+    )
 
 
-def test_a_silent_holder_on_another_host_is_taken_over(tmp_path, monkeypatch):
+def test_a_silent_holder_on_another_host_is_taken_over(tmp_path, monkeypatch, lock_warnings):
     monkeypatch.setenv("SLURM_JOB_ID", "200")
     plant(tmp_path, job="100", host="another-node", pid=1)
     with pytest.raises(RunDirBusy):
@@ -68,6 +73,7 @@ def test_a_silent_holder_on_another_host_is_taken_over(tmp_path, monkeypatch):
     old = time.time() - 120
     os.utime(tmp_path / LOCK, (old, old))
     assert "no heartbeat" in acquire(tmp_path, stale_after_s=60).me["took_over"]
+    assert lock_warnings.messages == [f"taking over {tmp_path / LOCK}: no heartbeat for 2 min"]
 
 
 def test_refresh_is_a_heartbeat_and_release_removes_only_our_lock(tmp_path):

@@ -159,7 +159,6 @@ def acquire(run_dir: RunDir, stale_after_s: float = STALE_AFTER_S, environ=None)
             continue  # released meanwhile: try again
         if isinstance(holder, str):
             reason = f"it holds no lock record ({holder}): not written by a live run"
-            log.warning("taking over %s: %s", path, reason)
         else:
             try:
                 age_s = time.time() - path.stat().st_mtime
@@ -181,6 +180,9 @@ def acquire(run_dir: RunDir, stale_after_s: float = STALE_AFTER_S, environ=None)
         time.sleep(0.05)
         now = _read(path)
         if isinstance(now, dict) and now.get("pid") == me["pid"] and now.get("host") == me["host"]:
+            # a requeue taking over its own lock is routine; any other holder is worth a line
+            routine = reason.startswith("the same job")
+            (log.info if routine else log.warning)("taking over %s: %s", path, reason)
             return RunDirLock(path, {**me, "took_over": reason})
     raise RunDirBusy(
         f"{RunDir.of(run_dir)}: could not take the lock {path} (it keeps changing hands)"
