@@ -59,10 +59,8 @@ def test_a_dead_process_on_this_host_is_taken_over(tmp_path, monkeypatch, lock_w
     plant(tmp_path, job=None, host=socket.gethostname(), pid=dead.pid)
     assert "is gone" in acquire(tmp_path).me["took_over"]
     (said,) = lock_warnings.messages  # the takeover is logged, naming the file and the why
-    assert (
-        said
-        == f"taking over {tmp_path / LOCK}: its process {dead.pid} on {socket.gethostname()} is gone"
-    )
+    host = socket.gethostname()
+    assert said == f"taking over {tmp_path / LOCK}: its process {dead.pid} on {host} is gone"
 
 
 def test_a_silent_holder_on_another_host_is_taken_over(tmp_path, monkeypatch, lock_warnings):
