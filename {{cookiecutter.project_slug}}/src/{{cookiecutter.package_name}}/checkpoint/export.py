@@ -97,7 +97,7 @@ def export_model(run_dir: Path, out: Path) -> Path:
         if out.suffix == ".pt":
             atomic_write(out, lambda tmp: torch.save(state, tmp))
         else:
-            meta = {"format": "pt", "config": json.dumps(config, sort_keys=True)}
+            meta = {"format": "pt", "config": json.dumps(as_built(config), sort_keys=True)}
             atomic_write(out, lambda tmp: safetensors.torch.save_file(state, str(tmp), meta))
     except Exception as err:  # torch's and safetensors' writers hide a full disk's errno
         cause = hidden_write_cause(err, out.parent)
@@ -105,6 +105,22 @@ def export_model(run_dir: Path, out: Path) -> Path:
             raise
         raise CheckpointError(f"export: cannot write {out}: {cause}") from None
     return out
+
+
+def as_built(config: dict) -> dict:
+    """The saved config with the model's sizes as built where it says "0: the preset's" or "the
+    dataset's" (ModelSpec.architecture): the exported file alone says what it holds."""
+    if not isinstance(config.get("data_info"), dict):
+        return config  # not written by train.py: as saved
+    from ..config.settings import saved_config
+    from ..data.info import saved_data_info
+    from ..models import spec_of
+
+    cfg = saved_config(config)
+    spec = spec_of(cfg)
+    if spec.architecture is None:
+        return config
+    return config | spec.architecture(cfg, saved_data_info(config, "export"))
 
 
 def git_commit() -> str | None:

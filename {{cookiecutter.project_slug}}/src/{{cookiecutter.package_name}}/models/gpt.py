@@ -294,6 +294,7 @@ SPEC = spec.ModelSpec(
     flops_per_sample=training_flops,
     check=check,
     describe=lambda cfg: f"gpt:{cfg.preset}",
+    architecture=lambda cfg, info: sizes(cfg) | {"vocab_size": cfg.vocab_size or info.vocab_size},
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
         load=lambda cfg, info, directory, expected: gpt_hf.load_dir(
             directory, config_of(cfg, info), cfg.vocab_size or info.vocab_size

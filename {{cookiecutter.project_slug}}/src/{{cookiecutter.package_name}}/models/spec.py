@@ -105,6 +105,8 @@ class ModelSpec:
         `export --format hf`); None: it has no Hugging Face form.
     initial_weights(cfg): where a new run's weights come from when init_from is not set (a
         directory init_from accepts), or None: the weights `build` made.
+    architecture(cfg, info): the model's size keys as built, where the config says "0: the
+        preset's" or "the dataset's" (exported files record these); None: its keys say it all.
     """
 
     name: str
@@ -118,6 +120,7 @@ class ModelSpec:
     describe: Callable[[Any], str] | None = None
     hf: HFAdapter | None = None
     initial_weights: Callable[[Any], str | None] | None = None
+    architecture: Callable[[Any, DataInfo], dict] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo) -> float:
         if self.flops_per_sample is not None:
