@@ -460,6 +460,18 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     )
     assert inside.returncode == 2 and inside.stderr.startswith("error: a venv is active")
     assert len(inside.stderr.splitlines()) == 1
+    # the same venv's bin/ first on PATH, not activated: python3 is the venv's (this checked
+    # the venv's torch, then made a venv that imports the base interpreter's, silently)
+    first = clean_env() | {"PATH": f"{venv / 'bin'}:{clean_env()['PATH']}"}
+    inside = run(
+        ["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, env=first, check=False
+    )
+    assert inside.returncode == 2, inside.stdout
+    assert inside.stderr == (
+        f"error: {venv / 'bin' / 'python3'} belongs to the venv {venv}: a venv made from it "
+        "would see the base interpreter's torch, not that venv's. Put the environment's python3 "
+        "first on PATH.\n"
+    )
     # a flavour that this repo does not have is refused
     bad = run(["bash", "scripts/setup_venv.sh", "container", "--here"], cwd=work, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr

@@ -73,6 +73,11 @@ if [[ -n "${VIRTUAL_ENV:-}" ]]; then
     echo "error: a venv is active (VIRTUAL_ENV=${VIRTUAL_ENV}): the new venv would see the base interpreter's torch, not that venv's. Run 'deactivate' first." >&2
     exit 2
 fi
+# The same when a venv's bin/ comes first on PATH without activating it.
+if venv_prefix="$(python3 -c 'import sys; print(sys.prefix) if sys.prefix != sys.base_prefix else sys.exit(1)')"; then
+    echo "error: $(command -v python3) belongs to the venv ${venv_prefix}: a venv made from it would see the base interpreter's torch, not that venv's. Put the environment's python3 first on PATH." >&2
+    exit 2
+fi
 # find_spec, not import: importing torch takes seconds (more on a login node's file system)
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
     echo "error: $(command -v python3) has no torch: the venv layers on the environment's torch (off Alps: install torch for this python3 first)" >&2
