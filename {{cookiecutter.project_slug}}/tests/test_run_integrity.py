@@ -4,6 +4,7 @@ run's first one; a full disk read "unexpected pos 704 vs 598" or a safetensors t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,16 +80,58 @@ def test_a_rank_lost_during_a_checkpoint_fails_the_others_within_dist_timeout_s(
     assert "Traceback" not in err
 
 
-def test_a_cut_last_line_is_closed_off_before_the_next_record(tmp_path, single_process, caplog):
+def stopped_after_step_4(run_dir) -> list[str]:
+    """A run to step 4 (checkpoints at 2 and 4) whose step-4 checkpoint is gone, as if killed
+    during it: the same command resumes at step 2. Returns its arguments."""
+    args = [*TINY, "max_steps=4", "checkpoint_every=2", "eval_every=0", "log_every=1"]
+    args.append(f"run_dir={run_dir}")
+    assert main(args) == 0
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
+    return args
+
+
+def test_a_cut_last_line_is_closed_off_before_the_next_record(tmp_path, single_process, capsys):
+    run_dir = tmp_path / "run"
+    args = stopped_after_step_4(run_dir)
+    path = run_dir / "metrics.jsonl"
+    cut = '{"kind": "train", "step": 7, "lo'  # a write cut by a full disk or a kill
+    path.write_text(path.read_text() + cut)
+    assert main(args) == 0
+    lines = path.read_text().splitlines()
+    assert cut in lines  # left as it was, ended
+    assert "its last line was cut off" in capsys.readouterr().err
+    steps = [r["step"] for r in read_records(run_dir) if r.get("kind") == "train"]
+    assert steps == [1, 2, 3, 4]  # the next records are whole, none swallowed
+
+
+def test_a_resume_is_a_new_segment_and_readers_keep_its_records(tmp_path, single_process):
+    run_dir = tmp_path / "run"
+    assert main(stopped_after_step_4(run_dir)) == 0  # resumes at 2: steps 3 and 4 again
+    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in raw if r["kind"] in ("start", "train")] == [
+        ("start", 0), ("train", 1), ("train", 2), ("train", 3), ("train", 4),
+        ("start", 2), ("train", 3), ("train", 4),
+    ]  # fmt: skip
+    kept = read_records(run_dir)
+    assert [r["step"] for r in kept if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert kept[-1] == raw[-1]  # step 4 of the latest segment (its timings, its checkpoint)
+    assert [r["step"] for r in kept if r["kind"] == "start"] == [0, 2]
+
+
+def test_a_new_run_keeps_a_dead_runs_records_beside_its_own(tmp_path, single_process, capsys):
+    # an earlier run in this directory died before its first checkpoint: its records are not
+    # this run's, so they move aside instead of being drawn with this run's
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cut = '{"kind": "train", "step": 7, "lo'  # a write cut by a full disk or a kill
-    (run_dir / "metrics.jsonl").write_text(cut)
+    earlier = '{"kind": "train", "step": 1, "loss": 9.0}\n'
+    (run_dir / "metrics.jsonl").write_text(earlier)
     assert main([*TINY, *SHORT, f"run_dir={run_dir}"]) == 0
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert lines[0] == cut  # left as it was, ended
-    steps = [r["step"] for r in read_records(run_dir) if r.get("kind") == "train"]
-    assert steps == [1, 2]  # the next records are whole, none swallowed
+    (kept,) = run_dir.glob("metrics.before-*.jsonl")
+    assert kept.read_text() == earlier
+    assert f"kept as {kept.name}" in capsys.readouterr().err
+    records = read_records(run_dir)
+    assert records[0]["kind"] == "start" and [r["loss"] for r in records[1:2]] != [9.0]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
 
 
 @pytest.fixture

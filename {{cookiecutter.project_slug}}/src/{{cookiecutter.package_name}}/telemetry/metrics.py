@@ -1,5 +1,12 @@
 """Training metrics: every `log_every` steps rank 0 logs one line and appends the same record
-to `<run_dir>/metrics.jsonl`; `plot()` draws loss and throughput from that file."""
+to `<run_dir>/metrics.jsonl`; `plot()` draws loss and throughput from that file.
+
+Each start of the run appends a `{"kind": "start", "step": S}` record first: a resume after a
+kill repeats the steps after its checkpoint S, and readers (`read_records`) keep the latest
+segment's record of each step. A run that starts at step 0 where records already exist (an
+earlier run there died before its first checkpoint) moves them aside to
+`metrics.before-<time>.jsonl` and starts a new file.
+"""
 
 from __future__ import annotations
 
@@ -85,7 +92,19 @@ class Metrics:
             mode=cfg.wandb_mode,
             resume_step=start_step,
         )
+        if self.is_main:
+            with reported(f"cannot append to {self.path}"):
+                self._begin_segment(start_step)
         self.restart_clock()
+
+    def _begin_segment(self, start_step: int) -> None:
+        if start_step == 0 and self.path.is_file() and self.path.stat().st_size:
+            kept = self.path.with_name(f"metrics.before-{time.strftime('%Y%m%dT%H%M%S')}.jsonl")
+            self.path.rename(kept)
+            log.warning(
+                "%s held an earlier run's records (no checkpoint): kept as %s", self.path, kept.name
+            )
+        self._append({"kind": "start", "step": start_step, "time": time.time()})
 
     def restart_clock(self) -> None:
         """Exclude what just happened (eval, checkpoint) from the step-time measurement."""
@@ -154,10 +173,13 @@ class Metrics:
     def write(self, record: dict) -> None:
         if self.is_main:
             with reported(f"cannot append to {self.path}"):
-                close_cut_line(self.path)
-                with open(self.path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                self._append(record)
             self.tracker.log(record)
+
+    def _append(self, record: dict) -> None:
+        close_cut_line(self.path)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self.tracker.close()
@@ -179,8 +201,10 @@ def close_cut_line(path: Path) -> None:
 
 
 def read_records(path: Path) -> list[dict]:
-    """The JSON objects of a run's metrics.jsonl. A line that is not one (cut by a kill, not
-    UTF-8, another JSON value) is skipped, and the skipped lines are counted in one warning."""
+    """The JSON objects of a run's metrics.jsonl, each step's from the latest segment: a start
+    record at step S drops the earlier records of the steps after S (a resume redid them). A
+    line that is not a JSON object (cut by a kill, not UTF-8, another JSON value) is skipped,
+    and the skipped lines are counted in one warning."""
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).metrics
@@ -191,12 +215,18 @@ def read_records(path: Path) -> list[dict]:
         except (UnicodeDecodeError, json.JSONDecodeError):
             record = None
         if isinstance(record, dict):
+            if record.get("kind") == "start" and isinstance(record.get("step"), int):
+                records = [r for r in records if not _after(r, record["step"])]
             records.append(record)
         elif line.strip():
             skipped += 1
     if skipped:
         log.warning("%s: skipped %d line(s) that are not JSON records", path, skipped)
     return records
+
+
+def _after(record: dict, step: int) -> bool:
+    return isinstance(record.get("step"), (int, float)) and record["step"] > step
 
 
 def has_numbers(record: dict, *keys: str) -> bool:
