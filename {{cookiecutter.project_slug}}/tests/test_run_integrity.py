@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import PACKAGE, REPO, TINY, free_port, one_line, rank_env, two_ranks
@@ -78,6 +79,88 @@ def test_a_rank_lost_during_a_checkpoint_fails_the_others_within_dist_timeout_s(
     last = err.strip().splitlines()[-1]
     assert "ERROR a collective did not complete within dist_timeout_s" in last, err[-2000:]
     assert "Traceback" not in err
+
+
+# The command stops itself with STOP_WITH once its writer has started (a shard written,
+# torch.save done), as scancel or Ctrl-C would.
+STOP_WHILE_WRITING = f"""
+import os, signal, sys
+import torch
+from {PACKAGE}.cli import main
+from {PACKAGE}.data import shards
+sig = getattr(signal, os.environ["STOP_WITH"])
+signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist's workers pass on SIG_IGN
+write, save = shards.ShardWriter.write, torch.save
+def write_then_stop(self, tokens):
+    write(self, tokens)
+    os.kill(os.getpid(), sig)
+def save_then_stop(*args, **kwargs):
+    save(*args, **kwargs)
+    os.kill(os.getpid(), sig)
+shards.ShardWriter.write, torch.save = write_then_stop, save_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_package(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    program = [sys.executable, "-c", STOP_WHILE_WRITING, *args]
+    environ = {**os.environ, "PYTHONPATH": str(REPO / "src"), **env}
+    return subprocess.run(program, cwd=REPO, env=environ, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("command", "signal_name", "status"),
+    [("make-dataset", "SIGTERM", 143), ("make-dataset", "SIGINT", 130), ("export", "SIGTERM", 143)],
+)
+def test_a_stop_signal_while_writing_removes_the_temporary_files(
+    tmp_path, single_process, command, signal_name, status
+):
+    # SIGTERM killed make-dataset at once, leaving a hidden temporary directory (597 MB in the
+    # report) and saying nothing; Ctrl-C printed a 20-line traceback
+    if command == "export":
+        assert main([*TINY, *SHORT, f"run_dir={tmp_path / 'run'}"]) == 0
+        args, out = ["export", f"run_dir={tmp_path / 'run'}", "--out"], tmp_path / "m.pt"
+    else:
+        (tmp_path / "doc.txt").write_text("a few words of text\n" * 400)
+        args, out = ["make-dataset", "--text", str(tmp_path / "doc.txt"), "--out"], tmp_path / "ds"
+    before = set(tmp_path.iterdir())
+    done = run_package([*args, str(out)], STOP_WITH=signal_name)
+    assert done.returncode == status, done.stderr[-2000:]
+    assert done.stderr == (
+        f"python -m {PACKAGE} {command}: stopped ({signal_name}); its temporary files were "
+        "removed and nothing was written\n"
+    )
+    assert set(tmp_path.iterdir()) == before  # no temporary file, no output
+
+
+def test_a_killed_writes_leftover_is_removed_or_named_by_the_next(tmp_path):
+    from {{ cookiecutter.package_name }}.data.shards import HOST
+
+    (tmp_path / "doc.txt").write_text("a few words of text\n" * 400)
+    make = ["make-dataset", "--text", str(tmp_path / "doc.txt"), "--out", str(tmp_path / "ds")]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f".ds.tmp-{HOST}-{dead.pid}-0123abcd"  # SIGKILLed here: its pid is gone
+    busy = tmp_path / f".ds.tmp-other-node-{os.getpid()}-4567cdef"  # may be writing elsewhere
+    for leftover in (gone, busy):
+        leftover.mkdir()
+        (leftover / "train-00000.bin").write_bytes(b"\0\0")
+    done = run_package(make, STOP_WITH="SIGCONT")  # SIGCONT: ignored, nothing stops
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (
+        not gone.exists()
+        and f"removed {gone}, left by a make-dataset that was killed" in done.stderr
+    )
+    assert (
+        busy.exists()
+        and f"{busy}: a make-dataset of {tmp_path / 'ds'} may be writing" in done.stderr
+    )
+    hour_ago = time.time() - 3700  # unchanged for an hour: no writer is left
+    for path in (busy / "train-00000.bin", busy):
+        os.utime(path, (hour_ago, hour_ago))
+    shutil.rmtree(tmp_path / "ds")
+    done = run_package(make, STOP_WITH="SIGCONT")
+    assert done.returncode == 0 and not busy.exists(), done.stderr[-2000:]
 
 
 def stopped_after_step_4(run_dir) -> list[str]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -237,6 +240,28 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# Commands that write files through a temporary name: a stop signal must let them clean up.
+WRITERS = ("make-dataset", "train-tokenizer", "export")
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (scancel, a job's time limit) or SIGHUP while a command writes files: raised like
+    Ctrl-C's KeyboardInterrupt, so every writer's cleanup (`finally`) runs on the way out."""
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    def stop(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "make-dataset":
         return make_dataset(args)
@@ -305,7 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     from .telemetry.tracking import TrackerError
 
     try:
-        return dispatch(args, argv)
+        if args.command not in WRITERS:
+            return dispatch(args, argv)
+        with stopped_by_signals():
+            return dispatch(args, argv)
+    except KeyboardInterrupt as err:
+        if args.command not in WRITERS:
+            raise
+        name = str(err) or "SIGINT"  # Ctrl-C's KeyboardInterrupt carries no name
+        print(
+            f"{PROG} {args.command}: stopped ({name}); its temporary files were removed and "
+            "nothing was written",
+            file=sys.stderr,
+        )
+        return 128 + signal.Signals[name].value
     except ConfigError as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
@@ -323,9 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dead (its own lines say which); ending instead of holding the nodes (%s)",
                 first_line(err),
             )
-        elif isinstance(
-            err, checkpoint_error()
-        ):  # a RuntimeError: a checkpoint that cannot be used
+        elif isinstance(err, checkpoint_error()):  # a checkpoint that cannot be used
             print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         elif out_of_memory(err):
             print(

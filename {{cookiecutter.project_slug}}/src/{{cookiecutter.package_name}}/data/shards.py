@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from ..run.lock import pid_alive
 from .tokens import (
     BYTE_VOCAB,
     CHUNK_TOKENS,
@@ -34,6 +38,8 @@ from .tokens import (
     sample_sha256,
     token_dtype,
 )
+
+log = logging.getLogger(__name__.split(".")[0])
 
 # --- sources with a known size: text files (byte tokens), token files ------------------------
 
@@ -176,8 +182,8 @@ def write_shards(
     If `out` already holds a dataset, the new one must be identical (same fingerprint): then this
     is a no-op that returns the existing index; otherwise it is an error and `out` is left as it
     was. A non-empty `out` that is not a dataset is never touched. Only a run killed with SIGKILL
-    (or a node failure) leaves its `.<out>.tmp-*` directory behind; it is never read and can be
-    deleted.
+    (or a node failure) leaves its `.<out>.tmp-<host>-<pid>-*` directory behind; it is never
+    read, and the next write to `out` removes it or names it (`clear_leftovers`).
     """
     out = Path(out)
     if not 0.0 < val_fraction < 1.0:
@@ -189,7 +195,8 @@ def write_shards(
     dtype = token_dtype(vocab_size)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        clear_leftovers(out)
+        tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
     except OSError as err:
         raise DatasetError(f"{out}: cannot create: {err.strerror or err}") from None
@@ -230,6 +237,34 @@ def write_shards(
             if writer.handle is not None:  # left open by an error
                 writer.handle.close()
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
+
+
+HOST = socket.gethostname().replace("/", "_")
+LEFTOVER_AGE_S = 3600  # a temporary directory unchanged this long has no writer left
+
+
+def clear_leftovers(out: Path) -> None:
+    """Remove the temporary directories of writes to `out` that were killed (SIGKILL, a lost
+    node): one of this host whose process is gone, or any left unchanged for an hour. Another
+    is named: a make-dataset elsewhere may still be writing it."""
+    prefix = f".{out.name}.tmp-"
+    for tmp in out.parent.glob(prefix + "*"):
+        host, _, rest = tmp.name[len(prefix) :].rpartition("-")[0].rpartition("-")
+        pid = int(rest) if rest.isascii() and rest.isdigit() else 0
+        try:
+            age_s = time.time() - max(p.stat().st_mtime for p in [tmp, *tmp.iterdir()])
+        except OSError:
+            continue  # removed meanwhile, or not a directory: not ours to judge
+        if (host == HOST and pid and not pid_alive(pid)) or age_s > LEFTOVER_AGE_S:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("removed %s, left by a make-dataset that was killed", tmp)
+        else:
+            log.warning(
+                "%s: a make-dataset of %s may be writing it (started on %s); if none is, delete it",
+                tmp,
+                out,
+                host or "another host",
+            )
 
 
 def move_tail(train: ShardWriter, val: ShardWriter, n_val: int) -> None:

@@ -55,7 +55,7 @@ def identity(environ=None) -> dict:
     }
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -76,7 +76,7 @@ def _why_takeover(holder: dict, me: dict, age_s: float, stale_after_s: float) ->
             return f"the same job {me['job']}, requeued (restart {me['restart']})"
     if holder.get("host") == me["host"]:
         pid = _as_int(holder.get("pid"), -1)
-        if pid > 0 and not _pid_alive(pid):
+        if pid > 0 and not pid_alive(pid):
             return f"its process {pid} on {me['host']} is gone"
         return None  # alive on this host (or no pid to check): not provably gone
     if age_s > stale_after_s:
