@@ -58,7 +58,7 @@ def test_text_dataset_index_shards_and_fingerprint(tmp_path):
     assert stream == b"".join(d + b"\0" for d in DOCS)
 
     data = TokenDataset.open(out)
-    assert isinstance(data.train[0], np.memmap)
+    assert isinstance(data.train[0], tokens.ShardFile)
     assert (data.vocab_size, data.train_tokens, data.val_tokens) == (256, total - 300, 300)
     assert data.fingerprint == index["fingerprint"] and data.tokenizer == "bytes"
 
@@ -352,6 +352,27 @@ def test_an_index_without_sample_hashes_is_refused_in_one_line(tmp_path):
     edit_index(out, index)
     with pytest.raises(DatasetError, match="records no sample hashes for val-00000.bin"):
         TokenDataset.open(out)
+
+
+def test_a_shard_cut_short_under_a_live_run_is_named_not_a_sigbus(tmp_path):
+    # With memmapped shards the next batch touching the missing pages ended the process with
+    # SIGBUS and no message; here a subprocess, so that the old code fails instead of crashing.
+    out, _ = byte_dataset(tmp_path)
+    code = (
+        "import os, sys\n"
+        "from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset\n"
+        f"data = TokenDataset.open({str(out)!r})\n"
+        f"os.truncate({str(out / 'train-00000.bin')!r}, 64)\n"
+        "try:\n"
+        "    for step in range(20):\n"
+        "        data.train_batch(0, step, 0, 0, 8, 64)\n"
+        "except DatasetError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith(f"{out / 'train-00000.bin'}: ends before token ")
+    assert "was cut short while this run read it" in done.stdout
 
 
 def test_an_id_outside_the_vocabulary_in_a_batch_names_its_shard(tmp_path):

@@ -4,7 +4,7 @@ with no sampler state to save, and any world size is well defined.
 
 Two kinds of dataset, told apart by the `index.json` of a dataset directory:
 - token shards for language models (`tokens.py`, written by `make-dataset --stdlib|--text|
-  --tokens`): windows of context_length+1 tokens read from memmaps;
+  --tokens`): windows of context_length+1 tokens read from the shard files;
 - arrays for classifiers (`x.npy`, `y.npy`, written by `make-dataset --out DIR [--x --y]`): an
   endless stream of samples, reshuffled every epoch; a rank's batch is a slice of that stream at
   `samples_seen` (saved in the checkpoint), so a resume on another number of ranks continues
@@ -101,7 +101,7 @@ class TokenSource:
     def __init__(self, dataset, block_size: int, seed: int):  # dataset: tokens.TokenDataset
         self.dataset, self.block_size, self.seed = dataset, block_size, seed
         self.info = DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size)
-        self.nbytes = 0  # read from memmaps on the host; windows are small
+        self.nbytes = 0  # read from the shard files on the host; windows are small
 
     def eval_batches(self, batch_size: int, rank: int, world: int, max_batches: int) -> list:
         return self.dataset.val_batches(batch_size, self.block_size, rank, world, max_batches)

@@ -1,4 +1,4 @@
-"""Token datasets for language models: a few large shards of uint16 or uint32 tokens, memmapped.
+"""Token datasets for language models: a few large shards of uint16 or uint32 tokens.
 
 A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` and `hf.py`):
 
@@ -10,11 +10,11 @@ A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` 
     val-00000.bin ...                     the last `val_fraction` of the token stream
     tokenizer.json                        the Hugging Face tokenizer that made the ids, if any
 
-Few large files suit Lustre (every file open is a metadata operation), and memmap reads only the
-pages a batch touches. Text is tokenised byte by byte (`--stdlib`, `--text`: UTF-8 bytes,
-vocabulary 256, nothing to download; a 0 byte ends each document), by a Hugging Face tokenizer
-(`--hf ... --tokenizer tokenizer.json`: its end-of-document token ends each document), or comes
-pre-tokenised (`--tokens FILE --vocab-size V`).
+Few large files suit Lustre (every file open is a metadata operation), and a batch reads only
+its windows (one positional read each, `ShardFile`). Text is tokenised byte by byte (`--stdlib`,
+`--text`: UTF-8 bytes, vocabulary 256, nothing to download; a 0 byte ends each document), by a
+Hugging Face tokenizer (`--hf ... --tokenizer tokenizer.json`: its end-of-document token ends
+each document), or comes pre-tokenised (`--tokens FILE --vocab-size V`).
 
 Training reads random windows of block_size + 1 tokens. Their positions are a function of
 (seed, step, rank, micro-step) only, so a resumed run needs no sampler state and every world size
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from pathlib import Path
 
@@ -134,8 +135,8 @@ def read_index(directory: Path) -> dict:
 
 
 class TokenDataset:
-    """Train and validation token splits, each a list of 1-D uint16 or uint32 arrays (memmapped
-    shards). `tokenizer_file` is the Hugging Face tokenizer that made the ids (or None)."""
+    """Train and validation token splits, each a list of shards (ShardFile; 1-D arrays for
+    synthetic tokens). `tokenizer_file`: the Hugging Face tokenizer that made the ids, or None."""
 
     def __init__(
         self,
@@ -154,7 +155,7 @@ class TokenDataset:
 
     @classmethod
     def open(cls, directory: Path) -> TokenDataset:
-        """Memmap the shards of a make-dataset directory, checking their sizes and largest ids
+        """Open the shards of a make-dataset directory, checking their sizes and largest ids
         against the index (an id outside the vocabulary would end training with an IndexError)."""
         directory = Path(directory)
         index = read_index(directory)
@@ -258,8 +259,50 @@ class TokenDataset:
         ]
 
 
-def open_shard(path: Path, tokens: int, dtype: np.dtype) -> np.memmap:
-    """Memmap one shard, refusing a missing one or one whose size is not `tokens` ids."""
+class ShardFile:
+    """One shard, its windows read with os.pread: a file cut short under a live run (truncated,
+    or rewritten by another make-dataset) gives a short read, named in one line, where the
+    missing pages of a memmap would end the process with SIGBUS and no message."""
+
+    def __init__(self, path: Path, tokens: int, dtype: np.dtype):
+        self.path, self.tokens, self.dtype = Path(path), tokens, np.dtype(dtype)
+        self._fd: int | None = None  # opened on first read, in the process that reads
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def __getstate__(self) -> dict:  # a loader process started by spawn opens its own
+        return {**self.__dict__, "_fd": None}
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The whole shard (np.asarray(shard)): for looking at the data, not for training."""
+        return np.fromfile(self.path, dtype=self.dtype, count=self.tokens).astype(
+            dtype or self.dtype
+        )
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def windows(self, starts: np.ndarray, window: int) -> np.ndarray:
+        """Rows of `window` tokens from the positions `starts` (in this shard)."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        size = self.dtype.itemsize
+        rows = np.empty((len(starts), window), dtype=self.dtype)
+        for row, start in enumerate(starts.tolist()):
+            data = os.pread(self._fd, window * size, start * size)
+            if len(data) != window * size:
+                raise DatasetError(
+                    f"{self.path}: ends before token {start + window} of {self.tokens}: the file "
+                    "was cut short while this run read it; write the dataset again"
+                )
+            rows[row] = np.frombuffer(data, dtype=self.dtype)
+        return rows
+
+
+def open_shard(path: Path, tokens: int, dtype: np.dtype) -> ShardFile:
+    """One shard, refusing a missing one or one whose size is not `tokens` ids."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -273,7 +316,7 @@ def open_shard(path: Path, tokens: int, dtype: np.dtype) -> np.memmap:
             f"{path}: {size} bytes, but index.json says {tokens} {dtype.name} tokens; "
             "the dataset is incomplete or was modified, write it again"
         )
-    return np.memmap(path, dtype=dtype, mode="r")
+    return ShardFile(path, tokens, dtype)
 
 
 def sample_sha256(path: Path, size: int, blocks: int) -> str:
@@ -320,10 +363,14 @@ def gather(shards: list, starts: np.ndarray, window: int, vocab_size: int) -> np
     for i in np.unique(shard):
         rows = np.flatnonzero(shard == i)
         local = starts[rows] - (bounds[i] - len(shards[i]))
-        out[rows] = shards[i][local[:, None] + offsets]
+        if isinstance(shards[i], ShardFile):
+            out[rows] = shards[i].windows(local, window)
+        else:  # in memory (synthetic tokens)
+            out[rows] = shards[i][local[:, None] + offsets]
         if len(rows) and (largest := int(out[rows].max())) >= vocab_size:
+            name = getattr(shards[i], "path", None) or getattr(shards[i], "filename", "a shard")
             raise DatasetError(
-                f"{getattr(shards[i], 'filename', 'a token shard')}: holds token id {largest}, "
+                f"{name}: holds token id {largest}, "
                 f"but the vocabulary is {vocab_size}: the shard changed after make-dataset "
                 "wrote it; write the dataset again"
             )
