@@ -252,10 +252,10 @@ def test_job_scripts_follow_answers(baked):
         assert "srun_args=(--label --kill-on-bad-exit=1)" in text
         if a["launcher"] == "srun":
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("4", "72")
-            assert "torch.distributed.run" not in text
+            assert ".run.torchrun" not in text
         else:
             assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("1", "288")
-            assert "python -m torch.distributed.run" in text
+            assert f"python -m {path.name.replace('-', '_')}.run.torchrun" in text  # one line
             assert 'PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"' in text
         uenv = job.name == "train_uenv.sbatch"
         assert (d.get("uenv"), d.get("view")) == (
@@ -731,9 +731,9 @@ def test_nsys_profiles_the_training_step_of_the_chosen_ranks(fake_job, tmp_path)
         if profiled:
             output = f"--output={run_dir}/nsys/42-node{node}"
             assert argv[:4] == ["nsys", "profile", "--trace=cuda,nvtx,osrt", output]
-            assert argv[4:7] == ["python", "-m", "torch.distributed.run"]
+            assert argv[4:7] == ["python", "-m", "alps_torch_project.run.torchrun"]
         else:
-            assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+            assert argv[:3] == ["python", "-m", "alps_torch_project.run.torchrun"]
         assert (run_dir / "nsys").is_dir()
         assert run_task(doctor, repo, tmp_path, **env)[0] == "python"
     proc, calls = fake_job()

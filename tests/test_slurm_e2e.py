@@ -503,6 +503,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes(
         assert 0 < stop_step < PREEMPT_STEPS
         assert re.search(rf"\[rank0\] \S+ INFO checkpoint step {stop_step} complete", text)
         assert f"requeueing job {sub.job_id}" in text
+        # torchrun ends in one line after forwarding the signal (run/torchrun.py), no traceback
+        assert "torchrun: stopped by SIGUSR2, which it forwarded to the workers" in text
+        assert "SignalException" not in text and "Traceback" not in text
         resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
         assert resumed == [str(stop_step)], "the restart resumes from the preemption checkpoint"
 

@@ -63,7 +63,7 @@ def test_package_layout(repo, package):
         "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "tokenizer", "tokens"},
         "doctor": {"__init__", "checks", "nodes", "preflight"},
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
-        "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir"},
+        "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
         "telemetry": {"__init__", "console", "metrics", "profiling", "tracking"},
     }
     assert {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(packages)

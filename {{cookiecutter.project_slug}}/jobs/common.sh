@@ -101,13 +101,14 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # torchrun forwards these signals to its workers (torch >= 2.9, its --signals-to-handle option,
 # read from PET_SIGNALS_TO_HANDLE; TORCHELASTIC_SIGNALS_TO_HANDLE is overwritten by the launcher).
 # Older torchrun ignores it and dies on USR2, keeping only the periodic checkpoints: use the
-# srun launcher there. After forwarding, torchrun itself ends with a SignalException traceback
-# in the log: expected; the REQUEUE marker below is what says the checkpoint was written.
+# srun launcher there. torchrun runs through {{ cc.package_name }}/run/torchrun.py, which turns the
+# SignalException torchrun raises after forwarding into one line; the REQUEUE marker below is what
+# says the checkpoint was written.
 export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"
 # All ranks: one torchrun per node starts one worker per GPU. exec hands the signals from Slurm
 # to torchrun directly.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
-all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m torch.distributed.run \
+all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.torchrun \
     --nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
     --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}" \
     -m {{ cc.package_name }} "$@"'

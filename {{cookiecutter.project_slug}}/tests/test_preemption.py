@@ -136,3 +136,20 @@ def test_schedule_forms(monkeypatch):
     auto.record_save(0.01)  # async: tiny stall, but never save more often than a write takes
     auto.record_write(120.0)
     assert auto.interval_s() == 120.0
+
+
+def test_torchrun_stopped_by_a_forwarded_signal_ends_in_one_line(monkeypatch, capsys):
+    """What the job scripts' torchrun does after forwarding USR2 to its workers: one line and
+    128 + the signal's number, not SignalException's traceback (the Slurm test runs it whole)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from {{ cookiecutter.package_name }}.run import torchrun
+
+    def forwarded(argv):
+        raise SignalException("Process 1 got signal: 12", sigval=signal.SIGUSR2)
+
+    monkeypatch.setattr(torchrun, "main", forwarded)
+    assert torchrun.run([]) == 128 + signal.SIGUSR2
+    assert capsys.readouterr().err.startswith("torchrun: stopped by SIGUSR2, which it forwarded")
+    monkeypatch.setattr(torchrun, "main", lambda argv: None)
+    assert torchrun.run([]) == 0
