@@ -151,3 +151,22 @@ def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
     assert "did not complete within dist_timeout_s" in record.getMessage()
     assert "another rank is hung or dead" in record.getMessage()
     assert record.exc_info is None  # no traceback: the cause is in the message
+
+
+def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
+    """What the other ranks see when one is killed (kill -9, the OOM killer): gloo's message
+    ended in "ERROR failed" and a traceback; now one ERROR line naming the cause."""
+    import {{ cookiecutter.package_name }}.train
+
+    def peer_killed(cfg):
+        raise RuntimeError(
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5787: "
+            "Connection reset by peer. This is typically caused by a remote worker hanging or "
+            "bugs in the application."
+        )
+
+    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", peer_killed)
+    assert main([*TINY, "max_steps=1"]) == 1
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage().startswith("another rank's process ended during a collective")
+    assert record.exc_info is None  # no traceback: the cause is in the message

@@ -21,7 +21,7 @@ import torch
 from . import arguments
 from .config.settings import ConfigError, load_config
 from .data import hf as hf_data
-from .distributed import LaunchError, is_collective_timeout
+from .distributed import LaunchError, is_collective_timeout, is_peer_lost
 from .models import MODELS
 from .run.rundir import os_error_text
 
@@ -359,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(__package__).error(
                 "a collective did not complete within dist_timeout_s: another rank is hung or "
                 "dead (its own lines say which); ending instead of holding the nodes (%s)",
+                first_line(err),
+            )
+        elif args.command in ("train", "benchmark") and is_peer_lost(err):
+            logging.getLogger(__package__).error(
+                "another rank's process ended during a collective (killed, out of memory or "
+                "crashed: its own lines say which); this rank ends too (%s)",
                 first_line(err),
             )
         elif isinstance(err, checkpoint_error()):  # a checkpoint that cannot be used

@@ -345,6 +345,13 @@ def wait_for_master(env: DistEnv, timeout_s: float) -> None:
 # These helpers are no-ops in a single process, so the training loop has one code path.
 
 
+def is_peer_lost(err: BaseException) -> bool:
+    """Another rank's process ended mid-collective (kill -9, out of memory, a crash): gloo reads
+    "Connection reset by peer" or "Connection closed by peer"."""
+    text = str(err)
+    return "Connection reset by peer" in text or "Connection closed by peer" in text
+
+
 def is_collective_timeout(err: BaseException) -> bool:
     """A peer that never answered within dist_timeout_s: gloo raises "Timed out waiting
     ...ms for recv/send"; NCCL's watchdog reports "Watchdog caught collective operation timeout"
