@@ -12,6 +12,7 @@ import logging
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,6 +407,25 @@ def test_a_marker_that_is_not_a_file_list_is_refused(tmp_path, warnings_log, dam
     assert other.manager.load_latest() == 1
     assert_identical(saved, other.snapshot())
     assert "skipping checkpoint" in warnings_log.text and "COMPLETE.json" in warnings_log.text
+
+
+def test_a_shard_written_elsewhere_is_never_marked_complete(tmp_path, monkeypatch):
+    # Ranks with different run_dirs (now refused at start) wrote their shards to two places,
+    # and rank 0 marked complete a checkpoint missing rank 1's: every resume refused it later.
+    # Here the shard DCP's metadata names is taken away before the marker is written.
+    run = Run(tmp_path)
+    run.step()
+    save = checkpoint.manager.dcp.save
+
+    def save_elsewhere(*args, checkpoint_id, **kwargs):
+        result = save(*args, checkpoint_id=checkpoint_id, **kwargs)
+        (Path(checkpoint_id) / "__0_0.distcp").rename(tmp_path / "elsewhere.distcp")
+        return result
+
+    monkeypatch.setattr(checkpoint.manager.dcp, "save", save_elsewhere)
+    with pytest.raises(CheckpointError, match=r"its metadata names __0_0.distcp, which is not in"):
+        run.save()
+    assert checkpoint.complete_steps(tmp_path) == []
 
 
 def test_a_checkpoint_without_metadata_is_reported_as_that(tmp_path, warnings_log):

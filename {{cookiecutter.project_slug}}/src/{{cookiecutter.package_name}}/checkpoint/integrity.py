@@ -118,6 +118,14 @@ def marker_files(path: Path) -> dict | str:
     return files
 
 
+def files_in_metadata(path: Path) -> set[str]:
+    """The files DCP's `.metadata` says hold the tensors (every rank's shards)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(path)).read_metadata()
+    return {info.relative_path for info in (metadata.storage_data or {}).values()}
+
+
 def file_record(path: Path) -> dict:
     digest, size = hashlib.sha256(), 0
     buffer = bytearray(CHUNK)

@@ -29,6 +29,7 @@ from .integrity import (
     complete_steps,
     describe,
     file_record,
+    files_in_metadata,
     is_complete,
     is_interrupted_save,
     marker_files,
@@ -202,6 +203,10 @@ class CheckpointManager:
                 upload.result()
             if self.rank == 0:
                 names = sorted(p.name for p in path.iterdir())
+                # every rank's shards must be here, not where a rank with another run_dir put them
+                missing = sorted(files_in_metadata(path) - set(names))
+                if missing:
+                    error = f"its metadata names {missing[0]}, which is not in {path}"
         except (Exception, CheckpointException) as err:  # DCP's is not an Exception
             error = describe(err, path.parent)
         names = self._broadcast(names)
