@@ -324,6 +324,10 @@ def test_load_model_state_and_export(tmp_path):
 
 
 def test_export_refuses_bad_input(tmp_path, monkeypatch):
+    # inside a checkpoint, the file would make that checkpoint fail its check (unlisted file)
+    inside = tmp_path / "checkpoints" / "step-00000040" / "m.safetensors"
+    with pytest.raises(ValueError, match=f"--out {inside} is inside {tmp_path / 'checkpoints'}"):
+        checkpoint.export_model(tmp_path, inside)
     with pytest.raises(ValueError, match=r"must end in \.pt or \.safetensors"):
         checkpoint.export_model(tmp_path, tmp_path / "model.bin")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):

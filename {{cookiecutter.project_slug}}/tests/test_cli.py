@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from conftest import PACKAGE, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
@@ -170,3 +170,20 @@ def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.getMessage().startswith("another rank's process ended during a collective")
     assert record.exc_info is None  # no traceback: the cause is in the message
+
+
+def test_a_signal_outside_trainings_own_handlers_is_one_line(monkeypatch, capsys):
+    """One Ctrl-C can arrive twice: the copy that lands after training restored the default
+    handler (or one during start-up) printed KeyboardInterrupt's traceback."""
+    import {{ cookiecutter.package_name }}.train
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", interrupted)
+    assert main([*TINY, "max_steps=1"]) == 130
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m {PACKAGE} train: stopped (SIGINT); the same command resumes from its last "
+        "complete checkpoint\n"
+    )

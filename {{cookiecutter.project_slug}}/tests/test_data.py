@@ -113,11 +113,11 @@ def test_num_workers_from_slurm_cpus_per_task(monkeypatch):
 
 
 def test_loader_workers_ignore_preemption_signals():
-    signals = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM)
+    signals = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in signals}
     try:
         data.worker_init(0)
-        assert [signal.getsignal(s) for s in signals] == [signal.SIG_IGN] * 3
+        assert [signal.getsignal(s) for s in signals] == [signal.SIG_IGN] * 4
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

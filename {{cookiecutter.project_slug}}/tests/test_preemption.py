@@ -23,6 +23,8 @@ def test_signals_only_set_a_flag_and_handlers_are_restored():
         assert flag.received == signal.SIGUSR1
         os.kill(os.getpid(), signal.SIGTERM)  # would end pytest if it were not handled
         assert flag.received == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGHUP)  # a dropped ssh session: ended the run unsaved
+        assert flag.received == signal.SIGHUP
     assert signal.getsignal(signal.SIGUSR2) == before
 
 

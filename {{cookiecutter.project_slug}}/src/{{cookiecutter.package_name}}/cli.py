@@ -335,12 +335,16 @@ def main(argv: list[str] | None = None) -> int:
         with stopped_by_signals():
             return dispatch(args, argv)
     except KeyboardInterrupt as err:
-        if args.command not in WRITERS:
-            raise
+        # A writer's temporary files are gone (see Stopped). Training handles its signals
+        # itself; this is one that came before its handlers or after them (one Ctrl-C can
+        # arrive twice), so its last complete checkpoint is where the same command resumes.
         name = str(err) or "SIGINT"  # Ctrl-C's KeyboardInterrupt carries no name
+        done = {
+            "train": "the same command resumes from its last complete checkpoint",
+            **dict.fromkeys(WRITERS, "its temporary files were removed and nothing was written"),
+        }.get(args.command)
         print(
-            f"{PROG} {args.command}: stopped ({name}); its temporary files were removed and "
-            "nothing was written",
+            f"{PROG} {args.command}: stopped ({name})" + (f"; {done}" if done else ""),
             file=sys.stderr,
         )
         return 128 + signal.Signals[name].value

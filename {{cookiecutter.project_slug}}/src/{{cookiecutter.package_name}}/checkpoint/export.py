@@ -78,10 +78,19 @@ def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True
     return flat
 
 
+def check_outside_checkpoints(run_dir: Path, out: Path) -> None:
+    """An export inside a checkpoint directory would be a file its COMPLETE.json does not list:
+    that checkpoint would then fail its check, and a resume fall back to an older one."""
+    checkpoints = RunDir(run_dir).checkpoints.resolve()
+    if Path(out).resolve().is_relative_to(checkpoints):
+        raise ValueError(f"export: --out {out} is inside {checkpoints}; write it elsewhere")
+
+
 def export_model(run_dir: Path, out: Path) -> Path:
     """Write the model of the newest checkpoint as one file: `.pt` (a torch.save'd state dict)
     or `.safetensors` (needs the optional `safetensors` package)."""
     out = Path(out)
+    check_outside_checkpoints(run_dir, out)
     if out.suffix not in (".pt", ".safetensors"):
         raise ValueError(f"export: --out must end in .pt or .safetensors, got {str(out)!r}")
     if out.suffix == ".safetensors":

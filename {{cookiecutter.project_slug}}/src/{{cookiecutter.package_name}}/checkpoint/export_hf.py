@@ -15,12 +15,13 @@ from ..data.info import saved_data_info
 from ..data.tokenizer import check_run_tokenizer
 from ..models import spec_of
 from . import hf_format
-from .export import load_model_state
+from .export import check_outside_checkpoints, load_model_state
 
 TOKENIZER = "tokenizer.json"
 
 
 def export_hf(run_dir: Path, out: Path, max_shard_bytes: int = hf_format.MAX_SHARD_BYTES) -> Path:
+    check_outside_checkpoints(run_dir, out)
     values, state = load_model_state(run_dir)
     cfg = saved_config(values)
     spec = spec_of(cfg)

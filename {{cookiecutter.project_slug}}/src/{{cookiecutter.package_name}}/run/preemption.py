@@ -26,7 +26,8 @@ from .rundir import RunDir
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure
 # SIGUSR1: what other guides put in `#SBATCH --signal=USR1@...` (the job scripts use USR2);
 # without a handler it would end the run at once, with no checkpoint. SIGINT: Ctrl-C.
-SIGNALS = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+# SIGHUP: the terminal of a run started by hand went away (a dropped ssh session)
+SIGNALS = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class PreemptionFlag:
