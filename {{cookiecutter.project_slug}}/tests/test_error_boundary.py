@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import PACKAGE, clean_env, one_line
+from conftest import PACKAGE, TINY, clean_env, one_line
 
 import {{ cookiecutter.package_name }}.train as train_module
 from {{ cookiecutter.package_name }}.cli import main
@@ -92,6 +92,25 @@ def test_an_unreachable_rendezvous_is_one_line_within_the_timeout(monkeypatch, c
     assert f"could not reach the rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in (
         one_line(capsys)
     )
+
+
+def test_rank_0_alone_at_the_rendezvous_is_one_line_within_the_timeout(
+    monkeypatch, capsys, tmp_path
+):
+    # the other ranks never start (or were given another port): torch's store raised
+    # DistStoreError with a traceback after the timeout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    assert main([*TINY, f"run_dir={tmp_path / 'run'}", "dist_timeout_s=3"]) == 1
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert f"not every rank joined within dist_timeout_s=3 s at 127.0.0.1:{port}" in line, line
+    assert "1/2 clients joined" in line
 
 
 def test_a_classifier_on_token_shards_is_one_line(capsys, tmp_path):

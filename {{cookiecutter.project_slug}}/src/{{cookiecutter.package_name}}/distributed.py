@@ -299,15 +299,22 @@ def process_group(
         if env.world_size > 1:
             log.info("init_process_group via tcp://%s:%d", env.master_addr, env.master_port)
             wait_for_master(env, timeout_s)
-            dist.init_process_group(
-                backend="nccl" if device.type == "cuda" else "gloo",
-                init_method=f"tcp://{env.master_addr}:{env.master_port}",
-                rank=env.rank,
-                world_size=env.world_size,
-                timeout=timedelta(seconds=timeout_s),
-                # eager NCCL communicator on the right GPU; barrier() then knows the device
-                device_id=device if device.type == "cuda" else None,
-            )
+            try:
+                dist.init_process_group(
+                    backend="nccl" if device.type == "cuda" else "gloo",
+                    init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                    rank=env.rank,
+                    world_size=env.world_size,
+                    timeout=timedelta(seconds=timeout_s),
+                    # eager NCCL communicator on the right GPU; barrier() then knows the device
+                    device_id=device if device.type == "cuda" else None,
+                )
+            except dist.DistStoreError as err:  # rank 0 waited for ranks that never came
+                raise LaunchError(
+                    f"not every rank joined within dist_timeout_s={timeout_s:g} s at "
+                    f"{env.master_addr}:{env.master_port} ({first_line_of(err)}): the others did "
+                    "not start, or started with another MASTER_ADDR/MASTER_PORT or WORLD_SIZE"
+                ) from None
         yield env, device
         finished = True
     finally:
@@ -318,6 +325,10 @@ def process_group(
             if finished:
                 dist.barrier()  # no rank tears down while another still communicates
             dist.destroy_process_group()
+
+
+def first_line_of(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def wait_for_master(env: DistEnv, timeout_s: float) -> None:
