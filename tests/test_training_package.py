@@ -64,7 +64,7 @@ def test_package_layout(repo, package):
         "doctor": {"__init__", "checks", "nodes", "preflight"},
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
-        "telemetry": {"__init__", "console", "metrics", "profiling", "tracking"},
+        "telemetry": {"__init__", "compare", "console", "metrics", "profiling", "tracking"},
     }
     assert {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(packages)
     for name, members in packages.items():

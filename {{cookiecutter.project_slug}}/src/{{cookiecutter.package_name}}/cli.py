@@ -37,6 +37,7 @@ COMMANDS = (
     "evaluate",
     "export",
     "plot",
+    "compare",
 )
 PROG = f"python -m {__package__}"
 
@@ -156,6 +157,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="the run directory (or a metrics.jsonl)",
     )
     plot.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
+    compare = sub.add_parser("compare", help="runs side by side: one table, one PNG")
+    compare.add_argument(
+        "runs", type=run_dir_argument, nargs="+", metavar="run_dir=DIR", help="two runs or more"
+    )
+    compare.add_argument(
+        "--out", type=Path, default=Path("compare.png"), help="PNG file (default: compare.png)"
+    )
     parser.subcommands = dict(sub.choices)  # each subcommand's parser, for arguments.parse
     return parser
 
@@ -286,6 +294,12 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         from .checkpoint import export_model
 
         print(f"wrote {export_model(args.run, args.out)}")
+        return 0
+    if args.command == "compare":
+        from .telemetry.compare import compare
+
+        text, out = compare(args.runs, args.out)
+        print(f"{text}\nwrote {out}")
         return 0
     if args.command == "plot":
         from .telemetry.metrics import plot
