@@ -113,6 +113,12 @@ def test_a_model_in_one_file_trains_resumes_exports_and_generates(user_repo, tmp
     assert "onelayer_width: 32 -> 64" in line and "new run_dir" in line
     assert "Traceback" not in changed.stderr and "mismatch" not in changed.stderr.lower()
 
+    # its keys are listed by `keys`, and the repo's own config tests pass untouched (the docs
+    # table of keys once failed them until regenerated)
+    assert "| `onelayer_width` |" in python(repo, package, "keys").stdout
+    own = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    run([*own, "tests/test_config.py"], cwd=repo, env=package_env(repo), timeout=300)
+
     prompt = ["--prompt", "def ", "--tokens", "20", "--device", "cpu"]
     sampled = python(repo, package, "generate", f"run_dir={run_dir}", *prompt)
     assert sampled.stdout.startswith("def ") and len(sampled.stdout) > 10

@@ -93,6 +93,15 @@ def test_every_module_of_the_package_stays_short(repo, package):
     assert not long, f"modules over 450 lines: {long}"
 
 
+def test_the_docs_list_every_key_of_the_shipped_models(repo, package):
+    """The generated test accepts a docs table without a user's own model; the template ships
+    its table whole: exactly what `keys` prints."""
+    keys = run([sys.executable, "-m", package, "keys"], cwd=repo, env=package_env(repo)).stdout
+    docs = (repo / "docs" / "training.md").read_text()
+    begin = "<!-- config keys: python tests/test_config.py rewrites this table -->"
+    assert docs.split(begin, 1)[1].split("<!-- end -->", 1)[0].strip() == keys.strip()
+
+
 def test_generated_test_suite_passes(repo):
     proc = run(
         # all of them, as a user runs them: the package's tests and the Alps linter's

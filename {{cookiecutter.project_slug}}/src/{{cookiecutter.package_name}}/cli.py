@@ -38,6 +38,7 @@ COMMANDS = (
     "export",
     "plot",
     "compare",
+    "keys",
 )
 PROG = f"python -m {__package__}"
 
@@ -157,6 +158,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="the run directory (or a metrics.jsonl)",
     )
     plot.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
+    sub.add_parser("keys", help="every config key of every registered model (markdown table)")
     compare = sub.add_parser("compare", help="runs side by side: one table, one PNG")
     compare.add_argument(
         "runs", type=run_dir_argument, nargs="+", metavar="run_dir=DIR", help="two runs or more"
@@ -294,6 +296,11 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         from .checkpoint import export_model
 
         print(f"wrote {export_model(args.run, args.out)}")
+        return 0
+    if args.command == "keys":
+        from .config.settings import docs_table
+
+        print(docs_table())
         return 0
     if args.command == "compare":
         from .telemetry.compare import compare
