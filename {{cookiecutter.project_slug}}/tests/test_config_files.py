@@ -87,3 +87,43 @@ def test_the_finetune_example_is_gpt2s_architecture():
         "gpt2-124m",
         "models/gpt2",
     )
+
+
+def test_the_tiny_config_trains_a_second_model(tmp_path, single_process):
+    """configs/tiny.toml keeps the GPT's own keys in [gpt]: they apply only to the GPT, so the
+    same file trains model=mlp (it was refused: "preset belongs to model gpt")."""
+    tiny = REPO / "configs" / "tiny.toml"
+    assert load_config(tiny).preset == "tiny"
+    mlp = load_config(tiny, ["model=mlp"])
+    assert (mlp.model, mlp.preset, mlp.batch_size) == ("mlp", Config().preset, 8)
+    run = ["--config", str(tiny), "model=mlp", "dataset=synthetic", "device=cpu", "max_steps=2"]
+    assert main([*run, f"run_dir={tmp_path / 'mlp'}"]) == 0
+
+
+def test_model_tables_merge_and_yield_to_later_sources(tmp_path):
+    write(tmp_path / "base.toml", 'lr = 0.003\n[gpt]\npreset = "tiny"\nn_embd = 32\n')
+    child = write(tmp_path / "child.toml", 'extends = "base.toml"\n[gpt]\nn_embd = 48\n')
+    cfg = load_config(child)
+    assert (cfg.preset, cfg.n_embd, cfg.lr) == ("tiny", 48, 0.003)  # merged, the child's wins
+    later = write(tmp_path / "later.toml", "n_embd = 16\n")
+    assert load_config([child, later]).n_embd == 16  # a later file's plain key
+    assert load_config(child, ["n_embd=64"]).n_embd == 64  # the command line
+    assert load_config(child, ["gpt.n_embd=80"]).n_embd == 80  # the table's spelling there too
+    assert load_config(child, ["model=mlp"]).n_embd == Config().n_embd  # not the GPT: ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[nosuch]\nx = 1\n", r"table \[nosuch\] is not a model; models: gpt, mlp"),
+        (
+            "[mlp]\npreset = 'tiny'\n",
+            r"\[mlp\] 'preset' is not a key of model mlp; its keys: hidden_dim",
+        ),
+        ("[gpt]\nlr = 0.1\n", r"\[gpt\] 'lr' is not a key of model gpt"),
+    ],
+)
+def test_a_wrong_model_table_is_one_line_naming_the_file(tmp_path, text, message):
+    path = write(tmp_path / "c.toml", text)
+    with pytest.raises(ConfigError, match=f"config file {path}: {message}"):
+        load_config(path)

@@ -1,7 +1,9 @@
 """Config files: read TOML, follow `extends`.
 
-A file may name a base with `extends = "tiny.toml"` (relative to the file itself); the file's own
-keys then override the base's, so `configs/experiments/*.toml` hold only what differs. Several
+A model's own keys may sit in a table named after it (`[gpt]` then `preset = "tiny"`): they
+apply only when that model is selected, so one file serves every model. A file may name a base
+with `extends = "tiny.toml"` (relative to the file itself); the file's own keys then override
+the base's, so `configs/experiments/*.toml` hold only what differs. Several
 `--config` files merge left to right, each with its bases resolved first; `key=value` overrides
 come after all of them (`config.settings.load_config`).
 """
@@ -67,7 +69,11 @@ def read_file(
         values.update(read_file(base_path, check, (*_chain, resolved)))
     for key, value in table.items():
         try:
-            values[key] = check(key, value)
+            if isinstance(value, dict):  # a model's table, [gpt]: merged with the base's
+                own = {f"{key}.{k}": check(f"{key}.{k}", v) for k, v in value.items()}
+                values.setdefault(key, {}).update({k.split(".", 1)[1]: v for k, v in own.items()})
+            else:
+                values[key] = check(key, value)
         except ConfigError as err:
             raise ConfigError(f"config file {path}: {err}") from None
     return values

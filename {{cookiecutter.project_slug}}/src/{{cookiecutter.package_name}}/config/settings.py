@@ -148,7 +148,19 @@ Config.__doc__ = "The values of every config key (see KEYS for their declaration
 
 
 def parse_value(key: str, value: Any) -> Any:
-    """Convert a TOML value or a command-line string to the type of key `key`, checked."""
+    """Convert a TOML value or a command-line string to the type of key `key`, checked. A key
+    of a model's table in a config file comes as "<model>.<key>"."""
+    model, dot, own = key.partition(".")
+    if dot and key not in KEYS:
+        if model not in MODELS:
+            raise ConfigError(f"table [{model[:60]}] is not a model; models: {', '.join(MODELS)}")
+        if own not in OWNERS or model not in OWNERS[own]:
+            mine = [name for name, owners in OWNERS.items() if model in owners]
+            raise ConfigError(
+                f"[{model}] {own[:60]!r} is not a key of model {model}; its keys: "
+                f"{', '.join(mine) or 'none'}"
+            )
+        return KEYS[own].parse(value)
     if key not in KEYS:
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=3, cutoff=0.7)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
@@ -201,8 +213,10 @@ def load_config(
     job_defaults: Sequence[str] = (),
 ) -> Config:
     """Declared defaults <- a job script's defaults (`--job-default key=value`, e.g. its dataset)
-    <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. The Config
-    remembers where each value that is not a declared default came from (`origins`)."""
+    <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. In each, the
+    table of the model the run trains (`[gpt]`, or `gpt.preset=...`) counts as its own keys;
+    other models' tables are ignored. The Config remembers where each value that is not a
+    declared default came from (`origins`)."""
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -212,13 +226,16 @@ def load_config(
             origins.pop(key, None)  # re-inserted: keys keep the order of their last source
             origins[key] = origin
 
-    take(parse_items(job_defaults), "job script default")
+    layers = [("job script default", parse_items(job_defaults))]
     paths = [path] if isinstance(path, str | Path) else list(path or ())
     for file in paths:  # a name with a newline must not end config.toml's comment line
-        take(
-            read_file(file, parse_value), str(file) if str(file).isprintable() else ascii(str(file))
-        )
-    take(parse_items(overrides), "command line")
+        label = str(file) if str(file).isprintable() else ascii(str(file))
+        layers.append((label, read_file(file, parse_value)))
+    layers.append(("command line", parse_items(overrides)))
+    model = next((v["model"] for _, v in reversed(layers) if "model" in v), DEFAULT_MODEL)
+    for origin, layer in layers:
+        flat = {key: value for key, value in layer.items() if not isinstance(value, dict)}
+        take(flat | layer.get(model, {}), origin)
     cfg = validate(Config(**values))
     global _last_loaded
     _last_loaded = (cfg, origins)
@@ -236,7 +253,13 @@ def parse_items(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-        values[key.strip()] = parse_value(key.strip(), value.strip())
+        key = key.strip()
+        parsed = parse_value(key, value.strip())
+        if "." in key and key not in KEYS:  # gpt.preset=tiny: the model's table
+            model, _, own = key.partition(".")
+            values.setdefault(model, {})[own] = parsed
+        else:
+            values[key] = parsed
     return values
 
 
