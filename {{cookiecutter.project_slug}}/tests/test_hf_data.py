@@ -220,6 +220,25 @@ def test_source_and_tokenizer_errors_are_one_line(corpus, bpe, tmp_path, capsys)
     assert not list(tmp_path.glob("*tok.json*"))
 
 
+def test_train_tokenizer_reads_what_make_dataset_reads(corpus, tmp_path, capsys):
+    # it read only plain text: a parquet file was "not valid UTF-8"
+    root, _ = corpus
+    made = {}
+    for name, source in (
+        ("pq", ["--hf", str(root / "pq")]),
+        ("jsonl", ["--hf", str(root / "docs.jsonl"), "--column", "content"]),
+    ):
+        out = tmp_path / f"{name}.json"
+        assert main(["train-tokenizer", *source, "--vocab-size", "300", "--out", str(out)]) == 0
+        made[name] = tokenizer.load_tokenizer(out)[0].get_vocab()
+    assert made["pq"] == made["jsonl"] and 257 < len(made["pq"]) <= 300  # the same documents
+    capsys.readouterr()
+    bad = ["train-tokenizer", "--hf", str(root / "pq"), "--column", "nope", "--vocab-size", "300"]
+    assert main([*bad, "--out", str(tmp_path / "x.json")]) == 2
+    assert "no column 'nope'; its columns are ['id', 'text']" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_train_resume_under_other_path_spellings_then_sample_text(
     corpus, bpe, tmp_path, monkeypatch, single_process, capsys
 ):

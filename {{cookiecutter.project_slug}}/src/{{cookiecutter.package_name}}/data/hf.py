@@ -342,8 +342,16 @@ def add_arguments(make, source) -> None:
 
 
 def add_train_tokenizer(sub) -> None:
-    cmd = sub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on text files")
-    cmd.add_argument("--text", type=Path, nargs="+", required=True, metavar="FILE")
+    """The same sources as make-dataset: text files, or --hf (JSONL/parquet/CSV files or
+    folders, hub datasets) with --split and --column."""
+    cmd = sub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on text")
+    source = cmd.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", type=Path, nargs="+", metavar="FILE", help="text files")
+    source.add_argument(
+        "--hf", metavar="SOURCE", help="as make-dataset --hf: a data file, folder or hub name"
+    )
+    cmd.add_argument("--split", default="train", help="with --hf: the split (default: train)")
+    cmd.add_argument("--column", default="text", help="with --hf: the text column (default: text)")
     cmd.add_argument("--vocab-size", type=int, required=True, help="ids, at least 257")
     cmd.add_argument("--out", type=Path, required=True, help="the tokenizer.json to write")
 
@@ -359,7 +367,11 @@ def make_dataset(args) -> dict:
 def train_tokenizer_command(args) -> int:
     from .tokenizer import train_tokenizer
 
-    size = train_tokenizer(args.text, args.vocab_size, args.out)
+    documents = None
+    if args.hf:  # the documents make-dataset --hf would read, in batches
+        dataset, _ = open_source(args.hf, args.split)
+        documents = text_batches(dataset, args.column, args.hf, 1000, 1 << 24)
+    size = train_tokenizer(args.text or [], args.vocab_size, args.out, documents)
     print(
         f"wrote {args.out}: byte-level BPE of {size} ids; tokenise with make-dataset --hf SOURCE "
         f"--tokenizer {args.out} --out DIR"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..run.atomic import atomic_write
@@ -85,10 +86,13 @@ def document_separator(tokenizer, file: Path, name: str | None = None) -> tuple[
     )
 
 
-def train_tokenizer(files: list[Path], vocab_size: int, out: Path) -> int:
+def train_tokenizer(
+    files: list[Path], vocab_size: int, out: Path, documents: Iterable[list[str]] | None = None
+) -> int:
     """Train a byte-level BPE (GPT-2 style: any text, no unknown tokens) of `vocab_size` ids on
-    the text files, with `<|endoftext|>` as id 0, and save it to `out` atomically. Returns the
-    vocabulary size reached (smaller when the text has too few distinct merges)."""
+    the text files (or on `documents`, batches of texts: make-dataset --hf's sources), with
+    `<|endoftext|>` as id 0, and save it to `out` atomically. Returns the vocabulary size reached
+    (smaller when the text has too few distinct merges)."""
     if not 257 <= vocab_size <= MAX_VOCAB:
         raise DatasetError(
             f"--vocab-size {vocab_size}: a byte-level BPE needs at least 257 ids "
@@ -110,7 +114,12 @@ def train_tokenizer(files: list[Path], vocab_size: int, out: Path) -> int:
         show_progress=False,
     )
     try:
-        tokenizer.train([str(f) for f in files], trainer)
+        if documents is None:
+            tokenizer.train([str(f) for f in files], trainer)
+        else:
+            tokenizer.train_from_iterator(documents, trainer)
+    except DatasetError:  # a source's own error, already one line
+        raise
     except Exception as err:  # e.g. a file that is not UTF-8 text
         raise DatasetError(f"train-tokenizer: cannot train on {describe(files)}: {err}") from None
     out = Path(out)
