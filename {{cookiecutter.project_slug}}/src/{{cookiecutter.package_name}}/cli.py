@@ -20,6 +20,7 @@ import torch
 
 from . import arguments
 from .config.settings import ConfigError, load_config
+from .config_keys import first_line
 from .data import hf as hf_data
 from .distributed import LaunchError, is_collective_timeout, is_peer_lost
 from .models import MODELS
@@ -425,8 +426,3 @@ def out_of_memory(err: BaseException) -> bool:
     """A GPU (torch.OutOfMemoryError) or CPU allocation that failed."""
     text = str(err)
     return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text
-
-
-def first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__

@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first line (or its type), for a one-line message that quotes it."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class ConfigError(ValueError):
     """A config key is unknown, or its value is not accepted. The message names the key."""
 

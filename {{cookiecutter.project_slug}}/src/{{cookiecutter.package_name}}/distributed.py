@@ -22,6 +22,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .config_keys import first_line
+
 log = logging.getLogger(__package__)
 
 DEFAULT_PORT = 29500
@@ -312,7 +314,7 @@ def process_group(
             except dist.DistStoreError as err:  # rank 0 waited for ranks that never came
                 raise LaunchError(
                     f"not every rank joined within dist_timeout_s={timeout_s:g} s at "
-                    f"{env.master_addr}:{env.master_port} ({first_line_of(err)}): the others did "
+                    f"{env.master_addr}:{env.master_port} ({first_line(err)}): the others did "
                     "not start, or started with another MASTER_ADDR/MASTER_PORT or WORLD_SIZE"
                 ) from None
         yield env, device
@@ -325,10 +327,6 @@ def process_group(
             if finished:
                 dist.barrier()  # no rank tears down while another still communicates
             dist.destroy_process_group()
-
-
-def first_line_of(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def wait_for_master(env: DistEnv, timeout_s: float) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint import load_model_state
 from .config.settings import ConfigError, saved_config
+from .config_keys import first_line
 from .data.info import DataInfo, saved_data_info
 from .data.shards import file_sha256
 from .data.tokenizer import (
@@ -75,11 +76,6 @@ def encode_prompt(codec, prompt: str, tokenizer: Path | None) -> list[int]:
         raise ConfigError(
             f"the tokenizer {tokenizer or 'of the run'} cannot encode the prompt: {first_line(err)}"
         ) from None
-
-
-def first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def stream(

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config_keys import first_line
 from .shards import write_shards
 from .tokenizer import document_separator, load_tokenizer, require, vocabulary_size
 from .tokens import DatasetError, token_dtype
@@ -48,11 +49,6 @@ def data_suffix(path: Path) -> str:
     if suffixes and suffixes[-1] in (".gz", ".zst", ".bz2", ".xz"):
         suffixes.pop()
     return suffixes[-1] if suffixes else ""
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def check_one_kind(folder: Path, source: str) -> None:
