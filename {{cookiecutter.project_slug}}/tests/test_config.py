@@ -1,9 +1,13 @@
 """Config file + overrides; errors name the key and the accepted values; the docs table."""
 
+import dataclasses
+import re
+
 import pytest
 from conftest import REPO, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import settings
 from {{ cookiecutter.package_name }}.config.files import read_toml
 from {{ cookiecutter.package_name }}.config.settings import (
     GENERAL_KEYS,
@@ -16,6 +20,7 @@ from {{ cookiecutter.package_name }}.config.settings import (
     save_config,
     to_toml,
 )
+from {{ cookiecutter.package_name }}.config_keys import key, keys_of
 from {{ cookiecutter.package_name }}.models import spec_of
 
 
@@ -202,6 +207,49 @@ def test_cli_exit_status_2_and_message_for_config_errors(capsys):
     err = capsys.readouterr().err
     assert "config error" in err and "'hiden_dim'" in err
     assert "hidden_dim" in err  # the accepted keys are listed
+
+
+# ------------------------------------------------- keys declared beside the code that reads them
+def test_config_is_its_sections_and_the_models_keys():
+    """The typed sections (an editor completes their fields) are the general keys, in the docs'
+    order; each is declared in a module of its concern, only the commands' own in settings."""
+    general = [f.name for f in dataclasses.fields(settings.GeneralConfig)]
+    assert sorted(general) == sorted(k.name for k in GENERAL_KEYS)
+    assert [f.name for f in dataclasses.fields(Config)] == general + [
+        name for name in settings.KEYS if name in settings.OWNERS
+    ]
+    homes = {section.__name__: section.__module__ for section in settings.SECTIONS}
+    assert {name for name, home in homes.items() if home == settings.__name__} == {
+        "RunKeys",
+        "BenchmarkKeys",
+    }
+    assert homes["OptimizerKeys"].endswith(".optim")
+    assert homes["DataKeys"].endswith(".data.batches")
+
+
+def test_a_section_says_the_type_of_each_key():
+    @dataclasses.dataclass
+    class Wrong:
+        steps: int = key("100", "a string default under an int annotation")
+
+    with pytest.raises(TypeError, match="Wrong.steps is annotated int but its default '100'"):
+        keys_of(Wrong)
+
+    @dataclasses.dataclass
+    class Right:
+        steps: int = key(100, "steps", bounds=(1, 1000), resume=True)
+
+    (declared,) = keys_of(Right)
+    assert (declared.name, declared.type, declared.resume) == ("steps", int, True)
+    with pytest.raises(ConfigError, match="'steps' must be in"):
+        declared.parse("0")
+
+
+def test_every_key_is_read_somewhere():
+    """A declared key that no code reads would be a setting that does nothing."""
+    source = "\n".join(p.read_text() for p in (REPO / "src").rglob("*.py"))
+    unread = [name for name in settings.KEYS if not re.search(rf"\.{name}\b", source)]
+    assert not unread, f"declared but never read (cfg.<key>): {unread}"
 
 
 # ------------------------------------------------------------- the docs' table of config keys

@@ -32,7 +32,8 @@ from . import checkpoint, distributed
 from .checkpoint.initial import initial_source, load_initial_weights
 from .config.settings import Config
 from .distributed import DistEnv
-from .train import build, input_pipeline, make_optimizer, parallel, train_step
+from .optim import make_optimizer
+from .train import build, input_pipeline, parallel, train_step
 
 BLOCK = 5  # steps per timed block; blocks of the two loops alternate
 

@@ -1,15 +1,22 @@
-"""How one config key is declared: `Key(name, default, help, bounds=..., resume=...)`.
+"""How one config key is declared, next to the code that reads it.
 
+A general key is a field of a small dataclass, a section, in the module that reads it:
+
+    @dataclass
+    class OptimizerKeys:
+        lr: float = key(6e-4, "AdamW peak learning rate", bounds=(0, 1e3), resume=True)
+
+config/settings.py collects the sections into one `Config` (an editor completes `cfg.lr`). A
+model declares its own keys as `Key(name, default, help, ...)` in its module under models/.
 Everything about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
-docs table shows. The general keys are declared in config/settings.py, each model's own keys in
-its module under models/; validation, the defaults check of configs/default.toml and the docs
-table are derived from these declarations. This module imports nothing of the package, so the
-models can use it.
+docs table shows; validation, the defaults check of configs/default.toml and the docs table are
+derived from it. This module imports nothing of the package, so every other one can use it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -94,6 +101,28 @@ class Key:
                 )
         if self.check is not None:
             self.check(value)
+
+
+def key(default: Any, help: str, **declaration: Any) -> Any:
+    """A config key as a field of a section: its default, its line of help and what `Key` takes
+    besides (bounds, closed, choices, resume, check). Its name is the field's."""
+    return dataclasses.field(default=default, metadata={"key": (help, declaration)})
+
+
+def keys_of(section: type) -> tuple[Key, ...]:
+    """The `Key`s a section declares, in order; its annotations must name its defaults' types."""
+    found = []
+    for field in dataclasses.fields(section):
+        help, declaration = field.metadata["key"]
+        kind = type(field.default)
+        if field.type not in (kind, kind.__name__):
+            raise TypeError(
+                f"{section.__name__}.{field.name} is annotated "
+                f"{getattr(field.type, '__name__', field.type)} but its default "
+                f"{field.default!r} is a {kind.__name__}"
+            )
+        found.append(Key(field.name, field.default, help, **declaration))
+    return tuple(found)
 
 
 def _number(value: float) -> str:

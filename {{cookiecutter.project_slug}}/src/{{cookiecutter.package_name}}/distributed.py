@@ -22,9 +22,18 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .config_keys import first_line
+from .config_keys import first_line, key
 
 log = logging.getLogger(__package__)
+
+
+@dataclass
+class DistributedKeys:
+    dist_timeout_s: float = key(300.0, "a collective that hangs this long fails the job",
+                                bounds=(1, 86400))  # fmt: skip
+    cpu_threads: int = key(0, "threads per rank; 0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or "
+                           "cores", bounds=(0, 1024))  # fmt: skip
+
 
 DEFAULT_PORT = 29500
 

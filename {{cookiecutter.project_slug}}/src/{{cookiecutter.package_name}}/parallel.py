@@ -15,13 +15,30 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
+from .config_keys import key
+
 log = logging.getLogger(__package__)
+
+
+# fmt: off
+@dataclass
+class ParallelKeys:
+    precision: str = key("auto", "auto: bf16 on GPU, fp32 on CPU; fp16 uses a grad scaler",
+                         choices=("auto", "bf16", "fp16", "fp32"), resume=True)
+    compile: bool = key(False, "torch.compile each block (see the benchmark figures)")
+    tf32: bool = key(True, 'TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))')
+    parallelism: str = key("ddp", "ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)",
+                           choices=("ddp", "fsdp"))
+    activation_checkpointing: bool = key(False, "recompute each block in backward: less memory")
+    cpu_offload: bool = key(False, "fsdp: parameters and optimizer state in CPU memory")
+# fmt: on
 
 
 def blocks_of(spec, model: nn.Module) -> nn.ModuleList | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -25,6 +24,7 @@ from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
 from .models import spec_of
 from .models.spec import ModelSpec
+from .optim import make_optimizer, make_schedule
 from .run import lock as rundir_lock
 from .run import preemption
 from .run.interrupts import SecondSignal
@@ -77,26 +77,6 @@ def enable_tf32() -> None:
     torch.set_float32_matmul_precision("high")
 
 
-def lr_factor(cfg: Config, step: int) -> float:
-    """Linear warmup to lr, then cosine decay to min_lr at max_steps."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return (cfg.min_lr + (cfg.lr - cfg.min_lr) * cosine) / cfg.lr
-
-
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device):
-    """AdamW; weight decay on matrices only; the fused kernel on CUDA."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = device.type == "cuda" and not cfg.cpu_offload
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=fused)
-
-
 def resolve_precision(cfg: Config, device: torch.device) -> torch.dtype | None:
     precision = cfg.precision
     if precision == "auto":
@@ -125,7 +105,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     bf16 = dtype == torch.bfloat16 and device.type == "cuda"
     model, use_autocast = parallel.parallelize(net, spec, cfg, env.world_size, device, bf16)
     optimizer = make_optimizer(model, cfg, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+    scheduler = make_schedule(optimizer, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     # Per-rank randomness (dropout, augmentation) differs between ranks.
     torch.manual_seed(cfg.seed + 1 + env.rank)

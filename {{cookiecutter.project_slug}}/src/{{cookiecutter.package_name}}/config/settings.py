@@ -1,9 +1,12 @@
 """The training configuration: one dataclass, read from TOML, overridden by `key=value` arguments.
 
-Each config key is declared once, as a `Key` (config_keys.py): the general keys below, each
-model's own keys in its module under models/. `Config` is assembled from those declarations,
-and so are validation, the defaults check of `configs/default.toml` (tests/test_config.py) and
-the table of keys in `docs/training.md` (`docs_table`).
+Each config key is declared once, next to the code that reads it (config_keys.py shows how): a
+section per module (`OptimizerKeys` in optim.py, `DataKeys` in data/batches.py, ...; SECTIONS
+below lists them) and each model's own keys in its module under models/. `Config` is assembled
+from those declarations, and so are validation, the defaults check of `configs/default.toml`
+(tests/test_config.py) and the table of keys in `docs/training.md` (`docs_table`). Adding a
+general key: its line in a section and in configs/default.toml, then `python -m <package> keys`
+prints the new docs table.
 """
 
 from __future__ import annotations
@@ -13,138 +16,98 @@ import difflib
 import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config_keys import ConfigError, Key, not_empty, parse_interval
-from ..models import DEFAULT_MODEL, MODELS, model_keys, spec_of
+from ..config_keys import ConfigError, Key, key, keys_of, not_empty
+from ..data.batches import DataKeys
+from ..distributed import DistributedKeys
+from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
+from ..optim import OptimizerKeys
+from ..parallel import ParallelKeys
 from ..run.atomic import atomic_write_text
+from ..run.preemption import CheckpointKeys, PreemptionKeys
 from ..run.rundir import RunDir
+from ..telemetry.metrics import TelemetryKeys
+from ..telemetry.profiling import ProfilingKeys, check_profile_keys
 from .files import read_file, read_toml
 
 log = logging.getLogger(__name__.split(".")[0])
 
 __all__ = ["Config", "ConfigError", "load_config", "check_resume", "save_config", "to_toml"]
 
-ON, AUTO = ("true", "false"), ("auto", "true", "false")
+AUTO = ("auto", "true", "false")
 
-# resume=True: the value shapes the model, the data order, the optimizer or the schedule, so a
-# checkpoint written with another value cannot continue the same run (unless force_resume=true).
+
 # fmt: off
-GENERAL_KEYS = (
-    # run
-    Key("run_dir", "runs/default", "run directory: checkpoints/, metrics.jsonl, config.toml, LOCK",
-        check=not_empty("run_dir")),
-    Key("seed", 1234, "seeds the data, the initial weights (all ranks) and per-rank RNGs",
-        bounds=(0, 2**32 - 1), resume=True),  # numpy seeds are 32-bit
-    Key("max_steps", 300, "optimizer steps of the whole run", bounds=(1, 10**12), resume=True),
-    Key("device", "auto", "auto: CUDA when a GPU is visible, else CPU",
-        choices=("auto", "cpu", "cuda")),
-    # model (the selected model's own keys follow this one)
-    Key("init_from", "", 'start a new run from weights: a run_dir or a Hugging Face model dir'),
-    Key("model", DEFAULT_MODEL, "the model to train: a module in models/ (docs/your-model.md)",
-        choices=tuple(MODELS), resume=True),
-    Key("dropout", 0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True),
-    # data
-    Key("dataset", "synthetic", '"synthetic" or a directory written by make-dataset',
-        resume=True),
-    Key("vocab_size", 0, "language models: vocabulary (0: the dataset's; synthetic: 50257)",
-        bounds=(0, 2**24), resume=True),
-    Key("synthetic_samples", 16384, "classifier synthetic data: samples",
-        bounds=(1, 2**31 - 1), resume=True),
-    Key("eval_samples", 2048, "classifier: samples held out from the end for evaluation",
-        bounds=(0, 2**31 - 1), resume=True),
-    Key("num_features", 64, "classifier synthetic data: input features (a directory says its own)",
-        bounds=(1, 2**20), resume=True),
-    Key("num_classes", 10, "classifier synthetic data: classes (a directory says its own)",
-        bounds=(2, 2**24), resume=True),
-    Key("batch_size", 16, "per rank and micro-step (language models: windows of tokens)",
-        bounds=(1, 2**24), resume=True),
-    Key("grad_accum_steps", 1, "micro-steps per optimizer step (gradients synced on the last)",
-        bounds=(1, 2**16), resume=True),
-    Key("num_workers", -1, "loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)",
-        bounds=(-1, 64)),
-    Key("data_on_gpu", "auto", "in-memory data on the GPU: auto (under 10% of it)", choices=AUTO),
-    # optimizer and schedule
-    Key("lr", 6e-4, "AdamW peak learning rate (after linear warmup)", bounds=(0, 1e3),
-        closed="(]", resume=True),
-    Key("min_lr", 6e-5, "end of the cosine decay, reached at max_steps; at most lr",
-        bounds=(0, 1e3), resume=True),
-    Key("warmup_steps", 30, "linear warmup steps", bounds=(0, 10**12), resume=True),
-    Key("weight_decay", 0.1, "on matrices only (not biases, norms)", bounds=(0, 1e3),
-        resume=True),
-    Key("beta2", 0.95, "AdamW's second-moment decay (beta1 is 0.9)", bounds=(0, 1),
-        closed="[)", resume=True),
-    Key("grad_clip", 1.0, "max gradient norm; 0 disables clipping", bounds=(0, 1e9),
-        resume=True),
-    # speed and parallelism
-    Key("precision", "auto", "auto: bf16 on GPU, fp32 on CPU; fp16 uses a grad scaler",
-        choices=("auto", "bf16", "fp16", "fp32"), resume=True),
-    Key("compile", False, "torch.compile each block (see the benchmark figures)"),
-    Key("tf32", True, 'TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))'),
-    Key("parallelism", "ddp", "ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)",
-        choices=("ddp", "fsdp")),
-    Key("activation_checkpointing", False, "recompute each block in backward: less memory"),
-    Key("cpu_offload", False, "fsdp: parameters and optimizer state in CPU memory"),
-    # logging and evaluation
-    Key("log_every", 25, "steps between metric records", bounds=(1, 10**12)),
-    Key("eval_every", 100, "steps between evaluations; 0 disables them", bounds=(0, 10**12)),
-    Key("eval_batches", 20, "held-out batches per rank and evaluation", bounds=(1, 10**6)),
-    Key("peak_tflops", 989.0, "per-GPU peak for MFU (H100/GH200 dense bf16)", bounds=(1e-3, 1e6)),
-    Key("tracker", "none", "also log to it (metrics.jsonl always)",
-        choices=("none", "tensorboard", "wandb")),
-    Key("wandb_project", "", 'W&B project ("": the package name)'),
-    Key("wandb_mode", "offline", "offline: compute nodes have no internet",
-        choices=("offline", "online", "disabled")),
-    Key("profile_steps", "", '"START:END": torch.profiler trace of those steps per rank ("": off)'),
-    Key("profile_memory", False, "with profile_steps: memory events, CUDA memory snapshot"),
-    # checkpoints
-    Key("checkpoint_every", "100", '"N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" (end)',
-        check=parse_interval),
-    Key("keep_checkpoints", 3, "complete checkpoints kept", bounds=(2, 10**6)),
-    Key("async_checkpoint", "auto", "write in the background: auto (on GPU)", choices=AUTO),
-    Key("mtbf_hours", 24.0, 'mean time between failures of the job, for "auto"',
-        bounds=(1e-3, 1e6)),
-    Key("force_resume", False, "continue a checkpoint from a different config or dataset"),
-    # preemption and time limit
-    Key("preempt_check_every", 10, "steps between the ranks' agreement on stopping or saving",
-        bounds=(1, 10**6)),
-    Key("end_time_margin_s", 60.0, "safety margin before SLURM_JOB_END_TIME", bounds=(0, 86400)),
-    # distributed
-    Key("dist_timeout_s", 300.0, "a collective that hangs this long fails the job",
-        bounds=(1, 86400)),
-    Key("cpu_threads", 0, "threads per rank; 0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores",
-        bounds=(0, 1024)),
-    # benchmark
-    Key("bench_warmup", 10, "benchmark: warmup steps of each loop", bounds=(0, 10**6)),
-    Key("bench_steps", 60, "benchmark: measured steps of each loop", bounds=(1, 10**6)),
-    Key("bench_compare_compile", "auto", "benchmark: also measure the other compile setting",
-        choices=AUTO),
-    Key("bench_checkpoint", "auto", "benchmark: time sync vs async checkpoint saves (auto: GPU)",
-        choices=AUTO),
-)
+@dataclass
+class RunKeys:
+    """Read by the commands (train.py, benchmark.py), which import this module: declared here."""
+
+    run_dir: str = key("runs/default", "run directory: checkpoints/, metrics.jsonl, config.toml, "
+                       "LOCK", check=not_empty("run_dir"))
+    seed: int = key(1234, "seeds the data, the initial weights (all ranks) and per-rank RNGs",
+                    bounds=(0, 2**32 - 1), resume=True)  # numpy seeds are 32-bit
+    max_steps: int = key(300, "optimizer steps of the whole run", bounds=(1, 10**12),
+                         resume=True)
+    device: str = key("auto", "auto: CUDA when a GPU is visible, else CPU",
+                      choices=("auto", "cpu", "cuda"))
+    force_resume: bool = key(False, "continue a checkpoint from a different config or dataset")
+
+
+@dataclass
+class BenchmarkKeys:
+    bench_warmup: int = key(10, "benchmark: warmup steps of each loop", bounds=(0, 10**6))
+    bench_steps: int = key(60, "benchmark: measured steps of each loop", bounds=(1, 10**6))
+    bench_compare_compile: str = key("auto", "benchmark: also measure the other compile setting",
+                                     choices=AUTO)
+    bench_checkpoint: str = key("auto", "benchmark: time sync vs async checkpoint saves (auto: "
+                                "GPU)", choices=AUTO)
 # fmt: on
+
+
+# Each section is declared in the module that reads its keys. Their order is the docs table's;
+# a key that shapes the model, the data order, the optimizer or the schedule says resume=True:
+# a checkpoint written with another value cannot continue the run (unless force_resume=true).
+SECTIONS = (
+    RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
+    CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
+)  # fmt: skip
+GENERAL_KEYS: tuple[Key, ...] = tuple(k for section in SECTIONS for k in keys_of(section))
+
+
+@dataclass
+class GeneralConfig(
+    RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
+    CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
+):  # fmt: skip
+    """Every general key, typed: what an editor completes after `cfg.`."""
 
 
 def _all_keys() -> dict[str, Key]:
     """Every key in the order of the docs table: the models' own keys after `model`."""
     keys: dict[str, Key] = {}
-    for key in GENERAL_KEYS:
-        keys[key.name] = key
-        if key.name == "model":
-            keys.update({name: key for name, (key, _) in model_keys().items()})
+    for general in GENERAL_KEYS:
+        keys[general.name] = general
+        if general.name == "model":
+            keys.update({name: own for name, (own, _) in model_keys().items()})
     return keys
 
 
 KEYS: dict[str, Key] = _all_keys()
 OWNERS: dict[str, list[str]] = {name: owners for name, (_, owners) in model_keys().items()}
 
-Config = dataclasses.make_dataclass(
-    "Config",
-    [(key.name, key.type, dataclasses.field(default=key.default)) for key in KEYS.values()],
-)
-Config.__module__ = __name__  # pickle and repr find it here (make_dataclass's module= is 3.12+)
-Config.__doc__ = "The values of every config key (see KEYS for their declarations)."
+if TYPE_CHECKING:
+    Config = GeneralConfig
+else:  # the registered models' own keys join at import: a model is one module and one line
+    Config = dataclasses.make_dataclass(
+        "Config",
+        [(n, k.type, dataclasses.field(default=k.default)) for n, k in KEYS.items() if n in OWNERS],
+        bases=(GeneralConfig,),
+    )
+    Config.__module__ = __name__  # pickle and repr find it here (make_dataclass's module= 3.12+)
+    Config.__doc__ = "The values of every config key: the general ones and every model's own."
 
 
 def parse_value(key: str, value: Any) -> Any:
@@ -178,8 +141,8 @@ def resume_keys(cfg) -> list[str]:
 
 def validate(cfg) -> Config:
     """Each value against its declaration, then the relations between keys."""
-    for key in KEYS.values():
-        key.validate(getattr(cfg, key.name))
+    for declared in KEYS.values():
+        declared.validate(getattr(cfg, declared.name))
     spec = spec_of(cfg)
     for name, owners in OWNERS.items():
         if cfg.model not in owners and getattr(cfg, name) != KEYS[name].default:
@@ -187,8 +150,6 @@ def validate(cfg) -> Config:
                 f"config key {name!r} belongs to model {' and '.join(owners)}, but this run "
                 f"trains model={cfg.model}; remove it or set model={owners[0]}"
             )
-    from ..telemetry.profiling import check_profile_keys  # their format: profiling.py
-
     check_profile_keys(cfg.profile_steps, cfg.profile_memory)
     if cfg.min_lr > cfg.lr:
         raise ConfigError(
@@ -222,9 +183,9 @@ def load_config(
 
     def take(items: dict[str, Any], origin: str) -> None:
         values.update(items)
-        for key in items:
-            origins.pop(key, None)  # re-inserted: keys keep the order of their last source
-            origins[key] = origin
+        for name in items:
+            origins.pop(name, None)  # re-inserted: keys keep the order of their last source
+            origins[name] = origin
 
     layers = [("job script default", parse_items(job_defaults))]
     paths = [path] if isinstance(path, str | Path) else list(path or ())
@@ -271,8 +232,8 @@ def describe_origins(cfg: Config) -> str | None:
     if loaded is not cfg:
         return None
     groups: dict[str, list[str]] = {}
-    for key, origin in origins.items():
-        groups.setdefault(origin, []).append(key)
+    for name, origin in origins.items():
+        groups.setdefault(origin, []).append(name)
     parts = [f"{origin}: {', '.join(keys)}" for origin, keys in groups.items()]
     return "; ".join([*parts, "other keys: their defaults"])
 
@@ -292,7 +253,8 @@ def saved_config(values: dict) -> Config:
 
 
 def to_toml(cfg: Config | dict) -> str:
-    values = dataclasses.asdict(cfg) if isinstance(cfg, Config) else cfg
+    """`key = value` lines; a Config's in the order of the docs table."""
+    values = {name: getattr(cfg, name) for name in KEYS} if isinstance(cfg, Config) else cfg
     return "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
 
 
@@ -423,12 +385,13 @@ def docs_table() -> str:
         "| key | default | accepted | must match on resume | meaning |",
         "|---|---|---|---|---|",
     ]
-    for name, key in KEYS.items():
-        meaning = f"{' and '.join(OWNERS[name])} only: {key.help}" if name in OWNERS else key.help
-        accepted = key.accepted().replace("|", "\\|")
-        resume = "yes" if key.resume else ""
+    for name, declared in KEYS.items():
+        meaning = declared.help
+        if name in OWNERS:
+            meaning = f"{' and '.join(OWNERS[name])} only: {meaning}"
+        accepted = declared.accepted().replace("|", "\\|")
+        resume = "yes" if declared.resume else ""
         meaning = meaning.replace("|", "\\|")
-        rows.append(
-            f"| `{name}` | `{toml_value(key.default)}` | {accepted} | {resume} | {meaning} |"
-        )
+        default = toml_value(declared.default)
+        rows.append(f"| `{name}` | `{default}` | {accepted} | {resume} | {meaning} |")
     return "\n".join(rows)

@@ -24,17 +24,45 @@ import os
 import random
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, key
 from ..run.atomic import atomic_write_text
 from ..run.preemption import SIGNALS
 from .info import DataInfo
 from .shards import file_sha256
+
+
+# fmt: off
+@dataclass
+class DataKeys:
+    dataset: str = key("synthetic", '"synthetic" or a directory written by make-dataset',
+                       resume=True)
+    vocab_size: int = key(0, "language models: vocabulary (0: the dataset's; synthetic: 50257)",
+                          bounds=(0, 2**24), resume=True)
+    synthetic_samples: int = key(16384, "classifier synthetic data: samples",
+                                 bounds=(1, 2**31 - 1), resume=True)
+    eval_samples: int = key(2048, "classifier: samples held out from the end for evaluation",
+                            bounds=(0, 2**31 - 1), resume=True)
+    num_features: int = key(64, "classifier synthetic data: input features (a directory says "
+                            "its own)", bounds=(1, 2**20), resume=True)
+    num_classes: int = key(10, "classifier synthetic data: classes (a directory says its own)",
+                           bounds=(2, 2**24), resume=True)
+    batch_size: int = key(16, "per rank and micro-step (language models: windows of tokens)",
+                          bounds=(1, 2**24), resume=True)
+    grad_accum_steps: int = key(1, "micro-steps per optimizer step (gradients synced on the "
+                                "last)", bounds=(1, 2**16), resume=True)
+    num_workers: int = key(-1, "loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)",
+                           bounds=(-1, 64))
+    data_on_gpu: str = key("auto", "in-memory data on the GPU: auto (under 10% of it)",
+                           choices=("auto", "true", "false"))
+# fmt: on
+
 
 INDEX_FILE = "index.json"
 FORMAT = "npy-arrays/1"

@@ -6,8 +6,9 @@ its module name to MODEL_MODULES: one line. Nothing else in the package knows a 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
-from ..config_keys import ConfigError, Key
+from ..config_keys import ConfigError, Key, key
 from .spec import ModelSpec
 
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
@@ -31,6 +32,16 @@ def _load() -> dict[str, ModelSpec]:
 MODELS: dict[str, ModelSpec] = _load()
 
 
+@dataclass
+class ModelKeys:
+    """The model of a run and what it starts from; each model's own keys are in its module."""
+
+    init_from: str = key("", "start a new run from weights: a run_dir or a Hugging Face model dir")
+    model: str = key(DEFAULT_MODEL, "the model to train: a module in models/ "
+                     "(docs/your-model.md)", choices=tuple(MODELS), resume=True)  # fmt: skip
+    dropout: float = key(0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True)
+
+
 def spec_of(cfg) -> ModelSpec:
     """The spec of the run's model (`cfg.model`)."""
     try:
@@ -46,11 +57,11 @@ def model_keys() -> dict[str, tuple[Key, list[str]]]:
     models may share a key by using the same `Key` object (import it from the other module)."""
     keys: dict[str, tuple[Key, list[str]]] = {}
     for name, model_spec in MODELS.items():
-        for key in model_spec.keys:
-            if key.name in keys and keys[key.name][0] != key:
+        for own in model_spec.keys:
+            if own.name in keys and keys[own.name][0] != own:
                 raise ImportError(
-                    f"config key {key.name!r} is declared differently by models "
-                    f"{', '.join(keys[key.name][1])} and {name}; rename one or share the Key"
+                    f"config key {own.name!r} is declared differently by models "
+                    f"{', '.join(keys[own.name][1])} and {name}; rename one or share the Key"
                 )
-            keys.setdefault(key.name, (key, []))[1].append(name)
+            keys.setdefault(own.name, (own, []))[1].append(name)
     return keys

@@ -19,9 +19,31 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..config_keys import parse_interval
+from ..config_keys import key, parse_interval
 from .atomic import atomic_write_text
 from .rundir import RunDir
+
+
+# fmt: off
+@dataclass
+class CheckpointKeys:
+    checkpoint_every: str = key("100", '"N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" '
+                                "(end)", check=parse_interval)
+    keep_checkpoints: int = key(3, "complete checkpoints kept", bounds=(2, 10**6))
+    async_checkpoint: str = key("auto", "write in the background: auto (on GPU)",
+                                choices=("auto", "true", "false"))
+    mtbf_hours: float = key(24.0, 'mean time between failures of the job, for "auto"',
+                            bounds=(1e-3, 1e6))
+
+
+@dataclass
+class PreemptionKeys:
+    preempt_check_every: int = key(10, "steps between the ranks' agreement on stopping or "
+                                   "saving", bounds=(1, 10**6))
+    end_time_margin_s: float = key(60.0, "safety margin before SLURM_JOB_END_TIME",
+                                   bounds=(0, 86400))
+# fmt: on
+
 
 REQUEUE_EXIT_CODE = 3  # "checkpoint written, please requeue me"; 0 = finished, 1 = failure
 # SIGUSR1: what other guides put in `#SBATCH --signal=USR1@...` (the job scripts use USR2);

@@ -15,16 +15,34 @@ import json
 import logging
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import distributed
+from ..config_keys import key
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir, reported
 from . import tracking
 
 log = logging.getLogger(__name__.split(".")[0])
+
+
+# fmt: off
+@dataclass
+class TelemetryKeys:
+    log_every: int = key(25, "steps between metric records", bounds=(1, 10**12))
+    eval_every: int = key(100, "steps between evaluations; 0 disables them", bounds=(0, 10**12))
+    eval_batches: int = key(20, "held-out batches per rank and evaluation", bounds=(1, 10**6))
+    peak_tflops: float = key(989.0, "per-GPU peak for MFU (H100/GH200 dense bf16)",
+                             bounds=(1e-3, 1e6))
+    tracker: str = key("none", "also log to it (metrics.jsonl always)",
+                       choices=("none", "tensorboard", "wandb"))
+    wandb_project: str = key("", 'W&B project ("": the package name)')
+    wandb_mode: str = key("offline", "offline: compute nodes have no internet",
+                          choices=("offline", "online", "disabled"))
+# fmt: on
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -17,15 +17,25 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, key
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir
 
 log = logging.getLogger(__name__.split(".")[0])
+
+
+@dataclass
+class ProfilingKeys:
+    profile_steps: str = key(
+        "", '"START:END": torch.profiler trace of those steps per rank ("": off)'
+    )
+    profile_memory: bool = key(False, "with profile_steps: memory events, CUDA memory snapshot")
+
 
 WINDOW = re.compile(r"([0-9]+):([0-9]+)", re.ASCII)
 MEMORY_ENTRIES = 200_000  # allocation events kept in the CUDA memory history
