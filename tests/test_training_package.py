@@ -44,6 +44,7 @@ def test_package_layout(repo, package):
         "distributed",
         "evaluate",
         "generate",
+        "optim",
         "parallel",
         "train",
     }
