@@ -61,7 +61,7 @@ def test_package_layout(repo, package):
             "state",
         },
         "config": {"__init__", "files", "settings"},
-        "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "tokenizer", "tokens"},
+        "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "sources", "tokenizer", "tokens"},
         "doctor": {"__init__", "checks", "nodes", "preflight"},
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},

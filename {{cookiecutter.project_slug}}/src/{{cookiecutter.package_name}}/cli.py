@@ -22,6 +22,7 @@ from . import arguments
 from .config.settings import ConfigError, load_config
 from .config_keys import first_line
 from .data import hf as hf_data
+from .data import sources as dataset_sources
 from .distributed import LaunchError, is_collective_timeout, is_peer_lost
 from .models import MODELS
 from .run.rundir import os_error_text
@@ -86,28 +87,8 @@ def make_parser() -> argparse.ArgumentParser:
     )
     make = sub.add_parser("make-dataset", help="write a dataset directory")
     make.add_argument("--out", type=Path, required=True, help="directory to write")
-    source = make.add_mutually_exclusive_group()
-    source.add_argument(
-        "--stdlib",
-        action="store_true",
-        help="GPT: the Python standard library's sources as byte tokens (offline)",
-    )
-    source.add_argument(
-        "--text",
-        type=Path,
-        nargs="+",
-        metavar="FILE",
-        help="GPT: plain text files, byte-level tokens (vocab 256)",
-    )
-    source.add_argument(
-        "--tokens",
-        type=Path,
-        metavar="FILE",
-        help="GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)",
-    )
+    source = dataset_sources.add_arguments(make)  # --stdlib, --text, --tokens, --hf, yours
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
-    hf_data.add_arguments(make, source)
-    make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
     make.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
     make.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
     make.add_argument("--features", type=int, default=64, help="MLP synthetic: input features")
@@ -185,19 +166,10 @@ def plot_source(text: str) -> Path:
 
 
 def make_dataset(args: argparse.Namespace) -> int:
-    from .data import shards, tokens
-
-    if args.hf:
-        index = hf_data.make_dataset(args)
-    elif args.stdlib or args.text:
-        files = tokens.stdlib_files() if args.stdlib else args.text
-        index = shards.write_text_dataset(files, args.out)
-    elif args.tokens:
-        if args.vocab_size is None:
-            raise ConfigError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
-        index = shards.write_token_dataset(args.tokens, args.vocab_size, args.out)
-    else:
+    source = dataset_sources.chosen(args)
+    if source is None:
         return make_array_dataset(args)
+    index = source.write(args)
     print(
         f"wrote {index['train']['tokens']} training and {index['val']['tokens']} validation "
         f"tokens (vocabulary {index['vocab_size']}) to {args.out}; train with dataset={args.out}"

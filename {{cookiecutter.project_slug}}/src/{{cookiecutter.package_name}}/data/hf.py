@@ -24,6 +24,7 @@ import numpy as np
 
 from ..config_keys import first_line
 from .shards import write_shards
+from .sources import DatasetSource
 from .tokenizer import document_separator, load_tokenizer, require, vocabulary_size
 from .tokens import DatasetError, token_dtype
 
@@ -358,6 +359,9 @@ def make_dataset(args) -> dict:
     return write_hf_dataset(
         args.hf, args.tokenizer, args.out, args.split, args.column, args.workers, args.separator
     )
+
+
+SOURCES = (DatasetSource("--hf", add_arguments, make_dataset),)  # make-dataset --hf (sources.py)
 
 
 def train_tokenizer_command(args) -> int:

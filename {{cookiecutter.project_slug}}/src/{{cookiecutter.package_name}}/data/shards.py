@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..run.lock import pid_alive
+from .sources import DatasetSource
 from .tokens import (
     BYTE_VOCAB,
     CHUNK_TOKENS,
@@ -36,6 +37,7 @@ from .tokens import (
     read_index,
     sample_blocks,
     sample_sha256,
+    stdlib_files,
     token_dtype,
 )
 
@@ -142,6 +144,38 @@ def write_token_dataset(
     return write_shards(chunks(), vocab_size, meta, out, val_fraction, shard_tokens, min_val_tokens)
 
 
+# make-dataset's options for these two (data/sources.py)
+def add_stdlib(make, source) -> None:
+    help = "GPT: the Python standard library's sources as byte tokens (offline)"
+    source.add_argument("--stdlib", action="store_true", help=help)
+
+
+def add_text(make, source) -> None:
+    help = "GPT: plain text files, byte-level tokens (vocab 256)"
+    source.add_argument("--text", type=Path, nargs="+", metavar="FILE", help=help)
+
+
+def add_tokens(make, source) -> None:
+    help = "GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)"
+    source.add_argument("--tokens", type=Path, metavar="FILE", help=help)
+    make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
+
+
+def write_tokens(args) -> dict:
+    if args.vocab_size is None:
+        raise DatasetError("make-dataset --tokens needs --vocab-size (the tokenizer's)")
+    return write_token_dataset(args.tokens, args.vocab_size, args.out)
+
+
+SOURCES = (
+    DatasetSource(
+        "--stdlib", add_stdlib, lambda args: write_text_dataset(stdlib_files(), args.out)
+    ),
+    DatasetSource("--text", add_text, lambda args: write_text_dataset(args.text, args.out)),
+    DatasetSource("--tokens", add_tokens, write_tokens),
+)
+
+
 def describe(files: list, keep: int = 5) -> list[str]:
     """A short list of source names for index.json."""
     names = [str(f) for f in files[:keep]]
@@ -149,6 +183,15 @@ def describe(files: list, keep: int = 5) -> list[str]:
 
 
 # --- the shard writer ------------------------------------------------------------------------
+
+
+def check_ids(chunk: np.ndarray, vocab_size: int, sources: list[str]) -> None:
+    """Whatever the source: integer ids in [0, vocab_size), or one line naming the source."""
+    if chunk.ndim != 1 or chunk.dtype.kind not in "iu":
+        raise DatasetError(f"{sources[0]}: not a 1-D array of integer ids ({chunk.dtype})")
+    if len(chunk) and (int(chunk.min()) < 0 or int(chunk.max()) >= vocab_size):
+        bad = int(chunk.min()) if int(chunk.min()) < 0 else int(chunk.max())
+        raise DatasetError(f"{sources[0]}: token {bad} is outside [0, vocab_size={vocab_size})")
 
 
 def validation_tokens(total: int, val_fraction: float, min_val_tokens: int) -> int:
@@ -190,6 +233,8 @@ def write_shards(
         raise DatasetError(f"{out}: val_fraction must be in (0, 1), got {val_fraction!r}")
     if shard_tokens < 1 or min_val_tokens < 1:
         raise DatasetError(f"{out}: shard_tokens and min_val_tokens must be positive")
+    if not isinstance(vocab_size, int) or not 1 <= vocab_size <= MAX_VOCAB:
+        raise DatasetError(f"{out}: vocab_size {vocab_size!r} is not in 1 to {MAX_VOCAB}")
     if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
         raise DatasetError(f"{out}: exists and is not a token dataset; choose a new directory")
     dtype = token_dtype(vocab_size)
@@ -204,6 +249,7 @@ def write_shards(
     val = ShardWriter(tmp, "val", shard_tokens, dtype)
     try:
         for chunk in chunks:
+            check_ids(chunk, vocab_size, meta["sources"])
             train.write(chunk)
         train.close()
         total = sum(f["tokens"] for f in train.files)
@@ -230,8 +276,8 @@ def write_shards(
         write_json(tmp / INDEX_FILE, index)
         return publish(tmp, out, index)
     except OSError as err:  # full disk, lost permission: one line, nothing left under `out`
-        name = err.filename or out
-        raise DatasetError(f"{name}: cannot write: {err.strerror or err}") from None
+        name = err.filename or out  # a source's file (read) or the dataset's (written)
+        raise DatasetError(f"{name}: {err.strerror or err}") from None
     finally:
         for writer in (train, val):
             if writer.handle is not None:  # left open by an error

@@ -1,0 +1,60 @@
+"""The inputs `make-dataset` turns into token shards, one option each: `--stdlib`, `--text`,
+`--tokens` (shards.py), `--hf` (hf.py). An input format of your own is one module in this folder
+with a `SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md, "Your own
+input format"). make-dataset without any of them writes the classifier's arrays (`--x --y`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SOURCE_MODULES = (
+    "shards",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
+    "hf",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
+)
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """One make-dataset option. `add_arguments(make, group)` adds `option` to `group` (the
+    mutually exclusive sources) and any options of its own to `make`; `write(args)` writes the
+    dataset at `args.out` (with `shards.write_shards`) and returns its index. Errors are
+    `DatasetError`s, one line naming the file."""
+
+    option: str
+    add_arguments: Callable[[argparse.ArgumentParser, Any], None]
+    write: Callable[[argparse.Namespace], dict]
+
+    @property
+    def dest(self) -> str:
+        return self.option.lstrip("-").replace("-", "_")
+
+
+@functools.cache
+def sources() -> dict[str, DatasetSource]:
+    """Every registered source by option (loaded on first use: the modules import this one)."""
+    found: dict[str, DatasetSource] = {}
+    for module in SOURCE_MODULES:
+        for source in importlib.import_module(f".{module}", __package__).SOURCES:
+            if source.option in found:
+                raise ImportError(f"two dataset sources use {source.option} (data/{module}.py)")
+            found[source.option] = source
+    return found
+
+
+def add_arguments(make: argparse.ArgumentParser) -> Any:
+    """Every source's options; returns their mutually exclusive group."""
+    group = make.add_mutually_exclusive_group()
+    for source in sources().values():
+        source.add_arguments(make, group)
+    return group
+
+
+def chosen(args: argparse.Namespace) -> DatasetSource | None:
+    """The source the command line names (argparse allows one); None: classifier arrays."""
+    return next((s for s in sources().values() if getattr(args, s.dest, None)), None)
