@@ -111,7 +111,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     torch.manual_seed(cfg.seed + 1 + env.rank)
     random.seed(cfg.seed + 1 + env.rank)
     np_rng = np.random.default_rng(cfg.seed + 1 + env.rank)
-    state = checkpoint.TrainState(step=0, extra={"samples_seen": 0})
+    state = checkpoint.TrainState()
     return Run(
         cfg=cfg,
         spec=spec,
@@ -134,7 +134,7 @@ def input_pipeline(run: Run, stop_step: int) -> tuple[data.StepBatches, Prefetch
     """Micro-batches from the run's step on, prepared ahead of the step that uses them."""
     cfg, env, device = run.cfg, run.env, run.device
     batches = data.StepBatches(
-        run.source, cfg, env.rank, env.world_size, run.state.step, run.state.extra["samples_seen"]
+        run.source, cfg, env.rank, env.world_size, run.state.step, run.state.samples_seen
     )
     on_gpu = isinstance(getattr(run.source, "x", None), torch.Tensor)
     workers = 0 if on_gpu else data.resolve_num_workers(cfg.num_workers)
@@ -376,7 +376,7 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         schedule.describe(),
     )
     report = console.Console(cfg, env.is_main, device, run.flops_per_step, per_sample, start)
-    report.start(run.state.extra["samples_seen"])
+    report.start(run.state.samples_seen)
     profiler = StepProfiler(cfg.profile_steps, cfg.profile_memory, env.rank, device, run_dir)
     try:
         for step in range(start + 1, cfg.max_steps + 1):
@@ -385,7 +385,7 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
             if step == 1:  # a new run: far above chance, the initialisation is likely broken
                 report.first_loss(loss.item(), run.spec.task.chance_loss(run.source.info))
             run.state.step = step
-            run.state.extra["samples_seen"] = batches.samples_seen(step)
+            run.state.samples_seen = batches.samples_seen(step)
             meter.update(loss, inputs)
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 meter.log(step, run.scheduler.get_last_lr()[0])
@@ -394,7 +394,7 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
             if cfg.eval_every and step % cfg.eval_every == 0:
                 result = evaluate(run, eval_set)
                 meter.write({"kind": "eval", "step": step, **result})
-                report.evaluated(step, result, run.state.extra["samples_seen"])
+                report.evaluated(step, result, run.state.samples_seen)
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
@@ -413,9 +413,7 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
                     decision.reason,
                     preemption.REQUEUE_EXIT_CODE,
                 )
-                report.summary(
-                    step, run.state.extra["samples_seen"], ckpt.path(step), decision.reason
-                )
+                report.summary(step, run.state.samples_seen, ckpt.path(step), decision.reason)
                 return preemption.REQUEUE_EXIT_CODE
         record_written(ckpt.wait(), schedule, meter)
     finally:
@@ -425,5 +423,5 @@ def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) ->
         ckpt.close()
     if env.is_main:
         preemption.remove_requeue_marker(run_dir)
-    report.summary(cfg.max_steps, run.state.extra["samples_seen"], ckpt.path(cfg.max_steps))
+    report.summary(cfg.max_steps, run.state.samples_seen, ckpt.path(cfg.max_steps))
     return 0

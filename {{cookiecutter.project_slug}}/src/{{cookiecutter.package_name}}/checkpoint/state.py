@@ -51,10 +51,12 @@ class ModelAndOptimizer:
 
 @dataclass
 class TrainState:
-    """The step, and JSON values in `extra` (data position, dataset fingerprint, config, world
-    size, commit, torch version). The same on every rank: one copy is written."""
+    """The step, the data position (`samples_seen`: samples of the global stream consumed, see
+    data/batches.py), and JSON values in `extra` (dataset fingerprint, config, world size,
+    commit, torch version). The same on every rank: one copy is written."""
 
     step: int = 0
+    samples_seen: int = 0
     extra: dict = field(default_factory=dict)
 
     def state_dict(self) -> dict:
@@ -65,10 +67,11 @@ class TrainState:
                 f"TrainState.extra must hold JSON values (str, number, bool, None, list, dict): "
                 f"{err}"
             ) from None
-        return {"step": int(self.step), "extra": extra}
+        return {"step": int(self.step), "samples_seen": int(self.samples_seen), "extra": extra}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step, self.extra = int(state["step"]), json.loads(state["extra"])
+        self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
+        self.extra = json.loads(state["extra"])
 
 
 class RNGState:
