@@ -81,7 +81,12 @@ class AnswersAreData(Extension):
         prefixes = (environment.line_statement_prefix, environment.line_comment_prefix)
         if any(not s.startswith("{") for s in starts) or any(prefixes):
             raise RuntimeError(f"{MODULE} expects Jinja's default delimiters")
-        self.whole, self.names = template_sources(template_root())
+        root = template_root()
+        self.whole, self.names = template_sources(root)
+        # the choice lists of cookiecutter.json, for the pre-generation hook (not in its context)
+        defaults = json.loads((root / "cookiecutter.json").read_text(encoding="utf-8"))
+        choices = {k: v for k, v in defaults.items() if isinstance(v, list) and k[0] != "_"}
+        environment.globals["template_choices"] = choices
 
     def trusted(self, source: str) -> bool:
         if source in self.whole:

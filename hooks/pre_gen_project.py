@@ -31,13 +31,9 @@ from pathlib import Path
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
-CHOICES = {
-    "cluster": ("clariden", "daint", "santis"),
-    "env_flavour": ("container", "uenv", "both"),
-    "container_base": ("ngc", "alps-extended"),
-    "launcher": ("srun", "torchrun"),
-    "ci": ("github", "gitlab", "none"),
-}
+# cookiecutter.json's choice lists (its context holds only the answers; the template's Jinja
+# extension, alps_torch_template_guard.py, reads them where the template renders)
+CHOICES: dict[str, list[str]] = json.loads({{ template_choices | tojson | tojson }})
 # git_init is a boolean; "yes"/"no" still come from .cruft.json files of older template versions.
 BOOLEANS = {"git_init": (True, False, "yes", "no")}
 

@@ -76,7 +76,11 @@ def load_hook(directory: Path, hook: str, answers: dict) -> ModuleType:
 
     source = (TEMPLATE_DIR / "hooks" / f"{hook}.py").read_text()
     rendered = directory / f"{hook}_{len(list(directory.glob(hook + '_*')))}.py"
-    rendered.write_text(StrictEnvironment().from_string(source).render(cookiecutter=answers))
+    if str(TEMPLATE_DIR) not in sys.path:  # as cookiecutter does: the template's extension
+        sys.path.append(str(TEMPLATE_DIR))
+    extensions = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())["_extensions"]
+    env = StrictEnvironment(context={"cookiecutter": {"_extensions": extensions}})
+    rendered.write_text(env.from_string(source).render(cookiecutter=answers))
     spec = importlib.util.spec_from_file_location(rendered.stem, rendered)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -840,3 +840,24 @@ def test_empty_slug_in_the_current_directory_is_explained_by_the_hook(tmp_path):
     assert errors == [f"error: project_name = '?!' is invalid: expected {EMPTY_SLUG_FORM}"]
     assert "already exists" not in proc.stdout + proc.stderr
     assert list(work.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_pre_generation_hook_takes_its_choices_from_cookiecutter_json(hooks):
+    """A replay file or cruft hands answers past cookiecutter's own choice check: the hook
+    refuses a choice cookiecutter.json does not list, and knows the lists from there alone."""
+    _, pre_gen = hooks
+    lists = {
+        k: v
+        for k, v in json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text()).items()
+        if isinstance(v, list) and not k.startswith("_")
+    }
+    assert pre_gen.CHOICES == lists and "cluster" in lists
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
+    context = generate_context(TEMPLATE_DIR / "cookiecutter.json")
+    replayed = {**prompt_for_config(context, no_input=True), "cluster": "eiger", "ci": "jenkins"}
+    assert sorted(pre_gen.validate(replayed)) == [
+        "ci = 'jenkins' is invalid: expected one of github, gitlab, none",
+        "cluster = 'eiger' is invalid: expected one of clariden, daint, santis",
+    ]
