@@ -87,6 +87,7 @@ class AnswersAreData(Extension):
         defaults = json.loads((root / "cookiecutter.json").read_text(encoding="utf-8"))
         choices = {k: v for k, v in defaults.items() if isinstance(v, list) and k[0] != "_"}
         environment.globals["template_choices"] = choices
+        environment.globals["template_dir"] = str(root)  # the hook reads the repo's linter there
 
     def trusted(self, source: str) -> bool:
         if source in self.whole:

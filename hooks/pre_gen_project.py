@@ -17,6 +17,7 @@ removes the empty parent directories cookiecutter created for it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import keyword
 import os
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import unicodedata
 from pathlib import Path
+from types import ModuleType
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
@@ -225,17 +227,23 @@ SHARED_ROOTS = frozenset(
         *("/lib64", "/mnt", "/srv", "/media"),
     }
 )
-HOME = "/users/${USER}"  # $HOME on Alps (https://docs.cscs.ch/storage/filesystems/)
 # Jinja openers, written split: this file is itself rendered by Jinja.
 TEMPLATE_SYNTAX = ("{" + "{", "{" + "%", "{" + "#")
 
 
-def normalised_path(path: str) -> str:
-    """The path with ${HOME}/$HOME/~ spelled /users/${USER}, '//', '/.' and '..' resolved."""
-    path = re.sub(r"^~(?=/|$)", HOME, path)
-    path = re.sub(r"\$\{HOME\}|\$HOME(?![A-Za-z0-9_])", HOME, path)
-    path = posixpath.normpath(re.sub(r"^/+", "/", path))
-    return "/" + path.lstrip("/") if path.startswith("/") else path
+def repo_linter() -> ModuleType:
+    """The generated repo's linter (tools/alps_lint.py: plain Python, not rendered), from the
+    template: how Alps spells a home directory (its HOME, normalised_path) is written there once."""
+    (path,) = Path({{ template_dir | tojson }}).glob("*/tools/alps_lint.py")
+    spec = importlib.util.spec_from_file_location("alps_lint", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+LINT = repo_linter()
+HOME, normalised_path = LINT.HOME, LINT.normalised_path
 
 
 def path_error(value: str) -> str | None:

@@ -861,3 +861,15 @@ def test_the_pre_generation_hook_takes_its_choices_from_cookiecutter_json(hooks)
         "ci = 'jenkins' is invalid: expected one of github, gitlab, none",
         "cluster = 'eiger' is invalid: expected one of clariden, daint, santis",
     ]
+
+
+def test_the_hook_reads_how_alps_spells_home_from_the_repos_linter(hooks):
+    """`/users/${USER}` and its normalisation are written once, in tools/alps_lint.py of the
+    generated repo; the pre-generation hook loads them from there."""
+    _, pre_gen = hooks
+    linter = (TEMPLATE_DIR / "{{cookiecutter.project_slug}}" / "tools" / "alps_lint.py").read_text()
+    assert linter.count('HOME = "/users/${USER}"') == 1
+    assert "/users/${USER}" not in (TEMPLATE_DIR / "hooks" / "pre_gen_project.py").read_text()
+    assert pre_gen.HOME == "/users/${USER}"
+    assert pre_gen.normalised_path("${HOME}/../x//y/.") == "/users/x/y"
+    assert pre_gen.path_error("$HOME/") == pre_gen.path_error("/users/${USER}")
