@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE_DIR, answers, clean_env, load_hook, run
+from conftest import CONFIGS, TEMPLATE_DIR, answers, clean_env, load_hook, run
 
 
 @pytest.fixture(scope="session")
@@ -753,6 +753,15 @@ def text_files(root: Path) -> dict[str, str]:
     return files
 
 
+def rendered_answers(name: str) -> dict:
+    """The answers of a configuration as the bake used them: cookiecutter's Jinja rendered."""
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
+    context = generate_context(TEMPLATE_DIR / "cookiecutter.json", extra_context=CONFIGS[name])
+    return prompt_for_config(context, no_input=True)
+
+
 def test_each_fact_is_written_once(baked):
     """The image file, the base image, the Lustre layout, TORCH_NCCL_ASYNC_ERROR_HANDLING and
     the partition each live in one place of the generated repo; the rest reads them from there."""
@@ -790,6 +799,22 @@ def test_each_fact_is_written_once(baked):
     assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
     if a["account"]:
         assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)
+    # the directories: scripts/dirs.sh for the scripts, the EDF's mounts (TOML cannot source
+    # it); docs show them to copy (answers.md records the answers)
+    docs = {rel for rel in files if rel.endswith(".md")}
+    container = a["env_flavour"] != "uenv"
+    rendered = rendered_answers(name)
+    for answer in ("data_dir", "checkpoint_dir", "image_dir"):
+        held = holders(f'"{rendered[answer]}"')
+        held = {rel: n for rel, n in held.items() if rel not in docs}
+        expected = {"scripts/dirs.sh": 1}
+        if container and answer != "image_dir":
+            expected["container/edf.toml"] = 1
+        if answer == "image_dir" and not container:
+            expected = {}
+        assert held == expected, (answer, held)
+        code = {rel for rel in files if rendered[answer] in files[rel]} - docs
+        assert code == set(expected) | ({"container/edf.toml"} if container else set()), code
 
 
 def test_helper_jobs_go_where_the_training_job_goes(bake, tmp_path):

@@ -54,7 +54,9 @@ elif [[ -n "${SWEEP:-}" ]]; then
     echo "error: SWEEP=${SWEEP} needs a job array: sbatch --array=0-N ..." >&2
     exit 2
 fi
-RUN_DIR="${RUN_DIR:-{{ cc.checkpoint_dir }}/${RUN_NAME}}"
+# shellcheck source=scripts/dirs.sh
+source scripts/dirs.sh  # data_root, runs_root: the project's directories
+RUN_DIR="${RUN_DIR:-$(runs_root)/${RUN_NAME}}"
 # Datasets live in DATA_DIR; your own: python -m {{ cc.package_name }} make-dataset --text FILE...
 # --out <DATA_DIR>/NAME. Which one trains: DATASET=... in the job's environment, else the config
 # file's `dataset`, else the jobs' default, the Python standard library's sources as byte tokens
@@ -63,7 +65,7 @@ RUN_DIR="${RUN_DIR:-{{ cc.checkpoint_dir }}/${RUN_NAME}}"
 {%- if ce %}
 # A container job's EDF mounts DATA_DIR into the container: keep your datasets inside it.
 {%- endif %}
-DATA_DIR="${DATA_DIR:-{{ cc.data_dir }}}"
+DATA_DIR="${DATA_DIR:-$(data_root)}"
 if [[ -n "${DATASET:-}" ]]; then
     dataset_args=("dataset=${DATASET}")
     echo "dataset=${DATASET}: from DATASET in the job's environment (over the config file's)"

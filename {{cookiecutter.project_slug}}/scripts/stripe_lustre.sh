@@ -12,13 +12,9 @@ LAYOUT=({{ cookiecutter._lustre_layout }})
 if [[ $# -gt 0 ]]; then
     dirs=("$@")
 else
-    dirs=(
-        "{{ cookiecutter.data_dir }}"
-        "{{ cookiecutter.checkpoint_dir }}"
-{%- if cookiecutter.env_flavour != "uenv" %}
-        "{{ cookiecutter.image_dir }}"
-{%- endif %}
-    )
+    # shellcheck source=scripts/dirs.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/dirs.sh"
+    dirs=("$(data_root)" "$(runs_root)"{% if cookiecutter.env_flavour != "uenv" %} "$(image_root)"{% endif %})
 fi
 
 if ! command -v lfs >/dev/null 2>&1; then
