@@ -181,8 +181,8 @@ def test_update_brings_template_change_and_keeps_user_edits(
     for name in JOBS[flavour]:
         script = (project / "jobs" / f"{name}.sbatch").read_text()
         assert SIGNAL_V2 in script and SIGNAL_V1 not in script, name
-    common = (project / "jobs" / "common.sh").read_text()  # the part the job scripts share
-    assert f'DATA_DIR="${{DATA_DIR:-{DATA_DIR}}}"' in common
+    dirs = (project / "scripts" / "dirs.sh").read_text()  # the answer's one place
+    assert f"data_root() {{ printf '%s\\n' \"{DATA_DIR}\"; }}" in dirs
     assert (project / NEW_DOC).read_text() == "# New in v2\n"
     # the user's edits survived, nothing was left to resolve, nothing else changed
     assert NODES_USER in job.read_text() and NODES_V1 not in job.read_text()
