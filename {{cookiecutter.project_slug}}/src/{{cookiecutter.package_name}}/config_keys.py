@@ -41,6 +41,8 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
+AUTO = ("auto", "true", "false")  # the choices of a key whose default decides by the hardware
+
 _FORMS = {
     int: "an integer, e.g. 100",
     float: "a number, e.g. 0.001",

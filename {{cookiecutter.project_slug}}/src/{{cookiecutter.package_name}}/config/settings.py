@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config_keys import ConfigError, Key, key, keys_of, not_empty
+from ..config_keys import AUTO, ConfigError, Key, key, keys_of, not_empty
 from ..data.batches import DataKeys
 from ..distributed import DistributedKeys
 from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
@@ -36,8 +36,6 @@ from .files import read_file, read_toml
 log = logging.getLogger(__name__.split(".")[0])
 
 __all__ = ["Config", "ConfigError", "load_config", "check_resume", "save_config", "to_toml"]
-
-AUTO = ("auto", "true", "false")
 
 
 # fmt: off
@@ -67,22 +65,20 @@ class BenchmarkKeys:
 # fmt: on
 
 
-# Each section is declared in the module that reads its keys. Their order is the docs table's;
-# a key that shapes the model, the data order, the optimizer or the schedule says resume=True:
-# a checkpoint written with another value cannot continue the run (unless force_resume=true).
-SECTIONS = (
-    RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
-    CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
-)  # fmt: skip
-GENERAL_KEYS: tuple[Key, ...] = tuple(k for section in SECTIONS for k in keys_of(section))
-
-
+# Each section is declared in the module that reads its keys; their order here is the docs
+# table's. A key that shapes the model, the data order, the optimizer or the schedule says
+# resume=True: a checkpoint written with another value cannot continue the run (unless
+# force_resume=true).
 @dataclass
 class GeneralConfig(
     RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
     CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
 ):  # fmt: skip
     """Every general key, typed: what an editor completes after `cfg.`."""
+
+
+SECTIONS: tuple[type, ...] = GeneralConfig.__bases__
+GENERAL_KEYS: tuple[Key, ...] = tuple(k for section in SECTIONS for k in keys_of(section))
 
 
 def _all_keys() -> dict[str, Key]:

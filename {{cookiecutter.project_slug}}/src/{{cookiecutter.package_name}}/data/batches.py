@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..config_keys import ConfigError, key
+from ..config_keys import AUTO, ConfigError, key
 from ..run.atomic import atomic_write_text
 from ..run.preemption import SIGNALS
 from .info import DataInfo
@@ -60,7 +60,7 @@ class DataKeys:
     num_workers: int = key(-1, "loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)",
                            bounds=(-1, 64))
     data_on_gpu: str = key("auto", "in-memory data on the GPU: auto (under 10% of it)",
-                           choices=("auto", "true", "false"))
+                           choices=AUTO)
 # fmt: on
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..config_keys import key, parse_interval
+from ..config_keys import AUTO, key, parse_interval
 from .atomic import atomic_write_text
 from .rundir import RunDir
 
@@ -31,7 +31,7 @@ class CheckpointKeys:
                                 "(end)", check=parse_interval)
     keep_checkpoints: int = key(3, "complete checkpoints kept", bounds=(2, 10**6))
     async_checkpoint: str = key("auto", "write in the background: auto (on GPU)",
-                                choices=("auto", "true", "false"))
+                                choices=AUTO)
     mtbf_hours: float = key(24.0, 'mean time between failures of the job, for "auto"',
                             bounds=(1e-3, 1e6))
 
