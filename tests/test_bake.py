@@ -932,3 +932,21 @@ def test_readme_speaks_of_the_chosen_flavour_only(baked):
     assert ("uenv" in readme.lower()) == (flavour != "container")
     assert ("Container Engine" in readme) == (flavour != "uenv")
     assert ("Dockerfile" in readme) == (flavour != "uenv")
+
+
+def test_dirs_sh_prints_the_directories_and_stops_on_an_unset_variable(bake):
+    """scripts/dirs.sh, run, prints the directories; a script using it stops, naming the
+    variable, when SCRATCH or USER is unset (not a directory built from an empty string)."""
+    path = bake("default")
+    env = {"PATH": "/usr/bin:/bin", "SCRATCH": "/s", "USER": "u"}
+    assert run(["bash", "scripts/dirs.sh"], cwd=path, env=env).stdout == (
+        "data: /s/alps-torch-project/data\n"
+        "runs: /capstor/scratch/cscs/u/alps-torch-project/runs\n"
+        "images: /s/ce-images\n"
+    )
+    for script, unset in [("dirs.sh", "USER"), ("dirs.sh", "SCRATCH"), ("stripe_lustre.sh", "USER")]:
+        given = {k: v for k, v in env.items() if k != unset}
+        proc = run(["bash", f"scripts/{script}"], cwd=path, env=given, check=False)
+        assert proc.returncode != 0, (script, unset, proc.stdout)
+        assert f"{unset}: unbound variable" in proc.stderr, proc.stderr
+        assert "lfs" not in proc.stderr and "data:" not in proc.stdout

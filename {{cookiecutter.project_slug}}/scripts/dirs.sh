@@ -13,10 +13,15 @@ runs_root() { printf '%s\n' "{{ cookiecutter.checkpoint_dir }}"; }     # run dir
 image_root() { printf '%s\n' "{{ cookiecutter.image_dir }}"; }    # container images (.sqsh)
 {%- endif %}
 
+# A caller assigns a directory before using it (dir="$(data_root)"): then an unset SCRATCH or
+# USER stops it under set -eu, where inside a command's arguments it would go unnoticed.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then  # run, not sourced
     set -euo pipefail
-    printf 'data: %s\nruns: %s\n' "$(data_root)" "$(runs_root)"
+    data="$(data_root)"
+    runs="$(runs_root)"
+    printf 'data: %s\nruns: %s\n' "${data}" "${runs}"
 {%- if cookiecutter.env_flavour != "uenv" %}
-    printf 'images: %s\n' "$(image_root)"
+    images="$(image_root)"
+    printf 'images: %s\n' "${images}"
 {%- endif %}
 fi

@@ -52,7 +52,9 @@ if [[ ${here} -eq 0 ]]; then
         # The EDF mounts these; the Container Engine refuses to start if a mount source is missing.
         # shellcheck source=scripts/dirs.sh
         source scripts/dirs.sh
-        mkdir -p "$(data_root)" "$(runs_root)"
+        data="$(data_root)"
+        runs="$(runs_root)"
+        mkdir -p "${data}" "${runs}"
         # The Container Engine only runs under srun: a one-task job on a compute node, where the
         # training job runs (the account and partition of its #SBATCH lines: change them there).
         mapfile -t where < <(sed -n -E 's/^#SBATCH (--(account|partition)=[^[:space:]]+).*/\1/p' jobs/train_container.sbatch)

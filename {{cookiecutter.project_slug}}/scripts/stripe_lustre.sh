@@ -14,7 +14,13 @@ if [[ $# -gt 0 ]]; then
 else
     # shellcheck source=scripts/dirs.sh
     source "$(dirname "${BASH_SOURCE[0]}")/dirs.sh"
-    dirs=("$(data_root)" "$(runs_root)"{% if cookiecutter.env_flavour != "uenv" %} "$(image_root)"{% endif %})
+    data="$(data_root)"
+    runs="$(runs_root)"
+    dirs=("${data}" "${runs}")
+{%- if cookiecutter.env_flavour != "uenv" %}
+    images="$(image_root)"
+    dirs+=("${images}")
+{%- endif %}
 fi
 
 if ! command -v lfs >/dev/null 2>&1; then
