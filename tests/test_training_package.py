@@ -106,11 +106,15 @@ def test_the_docs_list_every_key_of_the_shipped_models(repo, package):
 @pytest.mark.timeout(1600)  # above the run's own limit below
 def test_generated_test_suite_passes(repo):
     proc = run(
-        # all of them, as a user runs them: the package's tests and the Alps linter's
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        # all of them, as a user runs them (the package's tests and the Alps linter's), on two
+        # xdist workers that each take whole files (a file's tests keep their order and module
+        # fixtures): 6 minutes on an idle 2-core machine where one process took 9.5, and it no
+        # longer leaves a core idle once the template's other tests are done
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        + ["-n", "2", "--dist", "loadfile"],
         cwd=repo,
         env=package_env(repo),
-        # about 5 minutes on an idle core; with two CPU hogs beside the suite it passed 600 s
+        # with two CPU hogs beside the whole template suite it passed 600 s in one process
         timeout=1500,
         check=False,
     )
