@@ -21,7 +21,6 @@ import importlib.util
 import json
 import keyword
 import os
-import posixpath
 import re
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
 # cookiecutter.json's choice lists (its context holds only the answers; the template's Jinja
 # extension, alps_torch_template_guard.py, reads them where the template renders)
-CHOICES: dict[str, list[str]] = json.loads({{ template_choices | tojson | tojson }})
+CHOICES: dict[str, list[str]] = json.loads({{template_choices | tojson | tojson}})
 # git_init is a boolean; "yes"/"no" still come from .cruft.json files of older template versions.
 BOOLEANS = {"git_init": (True, False, "yes", "no")}
 
@@ -83,10 +82,11 @@ MAX_LENGTH = {
 
 # ${NAME} references are expanded by bash and by the Container Engine alike; other shell
 # syntax ($NAME without braces, $(...), quotes, spaces) is not allowed in a path. Only these
-# Alps variables (https://docs.cscs.ch/storage/filesystems/) may appear: one that holds an absolute directory may
-# start the path, ${USER} may follow an absolute start (/capstor/scratch/cscs/${USER}). Any other
-# variable could hold anything (${IFS} splits words, ${PATH} is a list, an unset one is an error
-# in an EDF), and ${USER}/data would be a relative path.
+# Alps variables (https://docs.cscs.ch/storage/filesystems/) may appear: one that holds an
+# absolute directory may start the path, ${USER} may follow an absolute start
+# (/capstor/scratch/cscs/${USER}). Any other variable could hold anything (${IFS} splits words,
+# ${PATH} is a list, an unset one is an error in an EDF), and ${USER}/data would be a relative
+# path.
 PATH_START_VARIABLES = ("SCRATCH", "HOME", "STORE")  # $STORE: only on some clusters (Daint)
 PATH_INNER_VARIABLES = ("USER",)
 _START = "|".join(PATH_START_VARIABLES)
@@ -212,8 +212,9 @@ _TIME_RE = re.compile(
 
 # Directories the project writes to (and the EDF mounts) must not be any of these: a mount of
 # $HOME or /users leaks shell init files and caches into the container and exposes personal
-# data (https://docs.cscs.ch/software/ml/pytorch/: mount only subdirectories of $HOME); striping or filling a shared root
-# affects everyone. Compared after normalisation (see normalised_path).
+# data (https://docs.cscs.ch/software/ml/pytorch/: mount only subdirectories of $HOME);
+# striping or filling a shared root affects everyone. Compared after normalisation (see
+# normalised_path, from the generated repo's tools/alps_lint.py).
 SHARED_ROOTS = frozenset(
     {
         "/",
@@ -234,7 +235,7 @@ TEMPLATE_SYNTAX = ("{" + "{", "{" + "%", "{" + "#")
 def repo_linter() -> ModuleType:
     """The generated repo's linter (tools/alps_lint.py: plain Python, not rendered), from the
     template: how Alps spells a home directory (its HOME, normalised_path) is written there once."""
-    (path,) = Path({{ template_dir | tojson }}).glob("*/tools/alps_lint.py")
+    (path,) = Path({{template_dir | tojson}}).glob("*/tools/alps_lint.py")
     spec = importlib.util.spec_from_file_location("alps_lint", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there

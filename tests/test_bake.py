@@ -944,7 +944,11 @@ def test_dirs_sh_prints_the_directories_and_stops_on_an_unset_variable(bake):
         "runs: /capstor/scratch/cscs/u/alps-torch-project/runs\n"
         "images: /s/ce-images\n"
     )
-    for script, unset in [("dirs.sh", "USER"), ("dirs.sh", "SCRATCH"), ("stripe_lustre.sh", "USER")]:
+    for script, unset in [
+        ("dirs.sh", "USER"),
+        ("dirs.sh", "SCRATCH"),
+        ("stripe_lustre.sh", "USER"),
+    ]:
         given = {k: v for k, v in env.items() if k != unset}
         proc = run(["bash", f"scripts/{script}"], cwd=path, env=given, check=False)
         assert proc.returncode != 0, (script, unset, proc.stdout)

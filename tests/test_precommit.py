@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIGS, clean_env, run
+from conftest import CONFIGS, TEMPLATE_DIR, clean_env, run
 
 # Left out of the copies: artefacts other tests may have created in the shared baked repos.
 COPY_IGNORE = shutil.ignore_patterns(
@@ -82,6 +82,23 @@ def test_generated_repo_passes_pre_commit(baked, tmp_path, pre_commit_env):
     if CONFIGS[name].get("env_flavour") == "uenv":
         hadolint = [line for line in proc.stdout.splitlines() if line.startswith("hadolint")]
         assert hadolint and hadolint[0].endswith("Skipped"), "no Dockerfile: hadolint skips"
+
+
+def test_template_repo_passes_its_own_pre_commit(tmp_path, pre_commit_env):
+    """The template's own hooks (.pre-commit-config.yaml at its root: ruff on hooks/ and tests/,
+    shellcheck on .ci/) pass on its tracked files: nothing ran them, and main drifted into six
+    lint errors and three unformatted files unnoticed."""
+    tracked = run(["git", "ls-files", "-z"], TEMPLATE_DIR, env=pre_commit_env).stdout
+    repo = tmp_path / "template"
+    for name in filter(None, tracked.split("\0")):
+        source = TEMPLATE_DIR / name
+        if source.is_file():  # a file deleted in the work tree but not yet from the index
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, repo / name)
+    run(["git", "init", "--quiet"], repo, env=pre_commit_env)
+    run(["git", "add", "--all"], repo, env=pre_commit_env)
+    proc = pre_commit(repo, pre_commit_env, "--show-diff-on-failure", check=False)
+    assert proc.returncode == 0, f"the template's pre-commit failed:\n{proc.stdout[-8000:]}"
 
 
 def test_sbatch_environment_directive_fails_pre_commit(bake, tmp_path, pre_commit_env):

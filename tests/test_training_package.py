@@ -61,13 +61,25 @@ def test_package_layout(repo, package):
             "state",
         },
         "config": {"__init__", "files", "settings"},
-        "data": {"__init__", "batches", "benchmark", "hf", "info", "prefetch", "shards", "sources", "tokenizer", "tokens"},
+        "data": {
+            "__init__",
+            "batches",
+            "benchmark",
+            "hf",
+            "info",
+            "prefetch",
+            "shards",
+            "sources",
+            "tokenizer",
+            "tokens",
+        },
         "doctor": {"__init__", "checks", "nodes", "preflight"},
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
         "telemetry": {"__init__", "compare", "console", "metrics", "profiling", "tracking"},
     }
-    assert {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(packages)
+    folders = {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(packages)
     for name, members in packages.items():
         assert {p.stem for p in (src / name).glob("*.py")} == members
     assert (repo / "configs" / "default.toml").is_file()
