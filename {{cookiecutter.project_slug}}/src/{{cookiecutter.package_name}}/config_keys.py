@@ -11,12 +11,15 @@ model declares its own keys as `Key(name, default, help, ...)` in its module und
 Everything about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
 docs table shows; validation, the defaults check of configs/default.toml and the docs table are
-derived from it. This module imports nothing of the package, so every other one can use it.
+derived from it. Beside the keys: the one parser of the `key=value` spelling, one-line error
+messages and the import of an optional package. This module imports nothing of the package, so
+every other one can use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import re
 from collections.abc import Callable
@@ -32,6 +35,27 @@ def first_line(err: BaseException) -> str:
 
 class ConfigError(ValueError):
     """A config key is unknown, or its value is not accepted. The message names the key."""
+
+
+def split_assignment(item: str) -> tuple[str, str]:
+    """`key=value` -> (key, value), both stripped: the one parser of that spelling (config
+    overrides, `run_dir=DIR`, doctor's `data_dir=DIR`). A ConfigError names any other form."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{shown(item)} is not of the form key=value")
+    return key.strip(), value.strip()
+
+
+def optional_import(module: str, extra: str, purpose: str, error: type[Exception] = ConfigError):
+    """Import an optional package, or raise `error` in one line saying what needs it and which
+    extra of this project installs it: optional_import("transformers", "hf", "model=hf")."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise error(
+            f"{purpose} needs the optional package {module.partition('.')[0]} ({first_line(err)}): "
+            f"pip install -e '.[{extra}]'"
+        ) from None
 
 
 def shown(value: Any) -> str:
