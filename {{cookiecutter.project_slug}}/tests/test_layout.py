@@ -1,6 +1,6 @@
-"""The package's layout: its module map (docs/training.md) lists every module and only those, no
-module imports another in a cycle (also through imports inside functions or under
-TYPE_CHECKING), and no folder imports the top-level commands."""
+"""The package's layout: its module map (docs/training.md) lists every module and only those,
+imports run down the layers that docs/training.md lists (also imports inside functions or under
+TYPE_CHECKING), so no two folders import each other and no module imports another in a cycle."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import PACKAGE, REPO
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
 
 SRC = REPO / "src" / PACKAGE
-COMMANDS = {"__main__", "cli", "train", "benchmark", "generate", "arguments"}  # the top level
+TRAINING_MD = REPO / "docs" / "training.md"
 MAX_ROOT_MODULES = 12
 MAX_LINES = 450
 
@@ -85,15 +85,44 @@ def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_folders_do_not_import_the_commands():
-    upward = {
-        (name, target)
-        for name, targets in import_graph().items()
-        if "." in name or name in {"config", "data", "run", "telemetry", "doctor", "models"}
-        for target in targets
-        if target in COMMANDS
-    }
-    assert not upward, f"a folder imports a top-level command: {sorted(upward)}"
+def documented_layers() -> list[set[str]]:
+    """docs/training.md's numbered list of layers, lowest first: each item's `names` (a folder
+    written `run/`, a module at the package's root `cli`)."""
+    text = TRAINING_MD.read_text()
+    section = text[text.index("Imports run one way, down these layers") :]
+    items = re.findall(r"^\d+\. (.+)$", section.split("\n\n", 2)[1], re.MULTILINE)
+    return [{name.rstrip("/") for name in re.findall(r"`([\w/]+)`", item)} for item in items]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[set[str]]) -> set[tuple[str, str]]:
+    """The imports (module, imported) that go to a higher layer. A module's layer is that of its
+    folder, or its own for a module at the package's root."""
+    level = {name: i for i, names in enumerate(layers) for name in names}
+
+    def layer(module: str) -> int:
+        return level[module.split(".")[0]]
+
+    return {(a, b) for a, targets in graph.items() if a for b in targets if layer(b) > layer(a)}
+
+
+def test_imports_run_down_the_layers():
+    layers = documented_layers()
+    listed = set().union(*layers)
+    graph = import_graph()
+    unlisted = {name.split(".")[0] for name in graph if name} - listed
+    assert not unlisted, f"not in docs/training.md's list of layers: {sorted(unlisted)}"
+    upward = upward_imports(graph, layers)
+    assert not upward, "imports that run up the layers of docs/training.md: " + ", ".join(
+        f"{a} -> {b}" for a, b in sorted(upward)
+    )
+
+
+def test_an_import_up_the_layers_is_found():
+    layers = [{"config_keys"}, {"run"}, {"models"}, {"checkpoint"}, {"cli"}]
+    graph = {"models.gpt": {"run.atomic", "config_keys"}, "run.atomic": set(), "cli": {"models"}}
+    assert upward_imports(graph, layers) == set()
+    graph["models.hf"] = {"checkpoint.hf_format"}  # what the adapters did before issue 39
+    assert upward_imports(graph, layers) == {("models.hf", "checkpoint.hf_format")}
 
 
 def test_the_module_map_is_the_tree():
