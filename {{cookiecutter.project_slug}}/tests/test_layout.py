@@ -13,7 +13,7 @@ from conftest import PACKAGE, REPO
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
 
 SRC = REPO / "src" / PACKAGE
-COMMANDS = {"__main__", "cli", "train", "benchmark", "generate", "arguments"}  # the top level
+COMMANDS = {"__main__", "cli", "train", "benchmark", "generate", "commands"}  # the top level
 MAX_ROOT_MODULES = 12
 MAX_LINES = 450
 
