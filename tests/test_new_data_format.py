@@ -35,7 +35,7 @@ def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
     (data / "id_lines.py").write_text(code_after(docs, MODULE_MARK))
     registry = data / "sources.py"
     lines = registry.read_text().splitlines(keepends=True)
-    (hf_line,) = [i for i, line in enumerate(lines) if line.strip().startswith('"hf",')]
+    (hf_line,) = [i for i, line in enumerate(lines) if line.strip().startswith('"hf_datasets",')]
     lines.insert(hf_line + 1, code_after(docs, LINE_MARK))
     registry.write_text("".join(lines))
     after = digests(repo / "src" / package)

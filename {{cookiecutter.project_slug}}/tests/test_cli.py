@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, TINY
+from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
@@ -133,6 +133,39 @@ def test_commands_that_do_not_train_start_without_distributed_checkpointing(tmp_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]
+
+
+# The modules that write datasets, and the packages only they use (the [data] extra).
+DATASET_WRITERS = {
+    f"{PACKAGE}.data.hf_datasets",
+    f"{PACKAGE}.data.sources",
+    f"{PACKAGE}.data.shards",
+    f"{PACKAGE}.data.tokenizer",
+    "datasets",
+    "tokenizers",
+}
+
+
+def test_train_imports_no_dataset_writer(tmp_path):
+    """Only the chosen command's parser and modules load: `train` reads datasets and never
+    imports the modules that write them (the commands table builds one command's parser)."""
+    argv = ["train", "--config", str(REPO / "configs" / "tiny.toml"), "device=cpu"]
+    argv += ["max_steps=1", f"run_dir={tmp_path / 'run'}"]
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", PACKAGE, *argv],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {  # "import time: self [us] | cumulative | name", the name indented by depth
+        line.rpartition("|")[2].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert f"{PACKAGE}.train" in imported  # the probe sees the package's imports
+    assert not imported & DATASET_WRITERS, sorted(imported & DATASET_WRITERS)
 
 
 def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):

@@ -4,11 +4,8 @@ import argparse
 
 import pytest
 
-from {{ cookiecutter.package_name }} import arguments, cli
-
-
-def parse(argv):
-    return arguments.parse(cli.make_parser(), argv)
+from {{ cookiecutter.package_name }} import cli
+from {{ cookiecutter.package_name }}.commands import parse
 
 
 @pytest.mark.parametrize(
@@ -54,10 +51,10 @@ def test_plot_of_a_metrics_file(tmp_path, capsys):
 
 def test_doctor_directories_reach_its_parser():
     args = parse(["doctor", "--quick", "run_dir=runs/a", "data_dir=data/x"])
-    assert args.doctor_argv == ["--quick", "--run-dir", "runs/a", "--data-dir", "data/x"]
+    assert args.argv == ["--quick", "--run-dir", "runs/a", "--data-dir", "data/x"]
     from {{ cookiecutter.package_name }}.doctor.preflight import make_parser
 
-    checked = make_parser().parse_args(args.doctor_argv)
+    checked = make_parser().parse_args(args.argv)
     assert str(checked.run_dir) == "runs/a" and str(checked.data_dir) == "data/x"
 
 

@@ -20,8 +20,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
-from {{ cookiecutter.package_name }}.data import hf as hf_data  # noqa: E402
-from {{ cookiecutter.package_name }}.data import tokenizer  # noqa: E402
+from {{ cookiecutter.package_name }}.data import hf_datasets, tokenizer  # noqa: E402
 from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset  # noqa: E402
 
 WORDS = "alps cluster node train token shard lustre model batch step the a of and".split()
@@ -74,7 +73,7 @@ def small(**options):
 
 def test_parquet_and_jsonl_give_the_same_bpe_shards(corpus, bpe, tmp_path, capsys):
     root, docs = corpus
-    index = hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "a", **small())
+    index = hf_datasets.write_hf_dataset(root / "pq", bpe, tmp_path / "a", **small())
     assert (index["dtype"], index["tokenizer"], index["vocab_size"]) == (
         "uint16",
         "huggingface",
@@ -96,7 +95,7 @@ def test_parquet_and_jsonl_give_the_same_bpe_shards(corpus, bpe, tmp_path, capsy
     assert data.tokenizer_file.read_bytes() == bpe.read_bytes()
     err = capsys.readouterr().err
     assert f"of {len(docs)} documents (100%)" in err and "tokens/s" in err and "ETA" in err
-    jsonl = hf_data.write_hf_dataset(
+    jsonl = hf_datasets.write_hf_dataset(
         root / "docs.jsonl", bpe, tmp_path / "b", column="content", **small()
     )
     assert jsonl["fingerprint"] == index["fingerprint"]
@@ -121,7 +120,9 @@ def test_shards_do_not_depend_on_the_number_of_workers(corpus, bpe, tmp_path):
     root, _ = corpus
     # batches of 8 documents on 2 threads here, of 64 on 1 thread in a new process
     # (the tokenizer's thread pool is sized once per process)
-    here = hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "w2", workers=2, batch_documents=8)
+    here = hf_datasets.write_hf_dataset(
+        root / "pq", bpe, tmp_path / "w2", workers=2, batch_documents=8
+    )
     out = tmp_path / "w1"
     args = ["make-dataset", "--hf", root / "pq", "--tokenizer", bpe, "--out", out, "--workers", 1]
     done = run_cli(args, tmp_path, HF_HOME=str(tmp_path / "hf"))
@@ -142,7 +143,7 @@ def test_a_vocabulary_above_65536_gets_uint32_shards(tmp_path):
     big.save(str(tmp_path / "big.json"))
     rows = [" ".join(f"w{(i * 7 + k) % 10}" for k in range(30)) for i in range(40)]
     pq.write_table(pa.table({"text": rows}), tmp_path / "big.parquet")
-    index = hf_data.write_hf_dataset(
+    index = hf_datasets.write_hf_dataset(
         tmp_path / "big.parquet", tmp_path / "big.json", tmp_path / "ds", **small()
     )
     assert (index["dtype"], index["vocab_size"]) == ("uint32", 70_000)
@@ -158,8 +159,8 @@ def test_a_vocabulary_above_65536_gets_uint32_shards(tmp_path):
 
 def test_an_interrupted_run_leaves_nothing_that_looks_complete(corpus, bpe, tmp_path, monkeypatch):
     root, _ = corpus
-    whole = hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "whole", **small())
-    encode = hf_data.encode_batches
+    whole = hf_datasets.write_hf_dataset(root / "pq", bpe, tmp_path / "whole", **small())
+    encode = hf_datasets.encode_batches
 
     def dies_after_the_first_batch(*args):
         for n, item in enumerate(encode(*args)):
@@ -167,16 +168,18 @@ def test_an_interrupted_run_leaves_nothing_that_looks_complete(corpus, bpe, tmp_
                 raise KeyboardInterrupt  # Ctrl-C, or scancel, mid-corpus
             yield item
 
-    monkeypatch.setattr(hf_data, "encode_batches", dies_after_the_first_batch)
+    monkeypatch.setattr(hf_datasets, "encode_batches", dies_after_the_first_batch)
     with pytest.raises(KeyboardInterrupt):
-        hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "ds", batch_documents=8, **small())
+        hf_datasets.write_hf_dataset(
+            root / "pq", bpe, tmp_path / "ds", batch_documents=8, **small()
+        )
     assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".*"))  # nor a temp dir
     monkeypatch.undo()
     # A run killed by SIGKILL leaves a hidden temp directory: never read, the rerun starts over.
     stale = tmp_path / ".ds.tmp-12345-deadbeef"
     stale.mkdir()
     (stale / "train-00000.bin").write_bytes(b"\0" * 10)
-    again = hf_data.write_hf_dataset(root / "pq", bpe, tmp_path / "ds", **small())
+    again = hf_datasets.write_hf_dataset(root / "pq", bpe, tmp_path / "ds", **small())
     assert again["fingerprint"] == whole["fingerprint"]
 
 

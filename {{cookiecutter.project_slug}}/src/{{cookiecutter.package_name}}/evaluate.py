@@ -14,7 +14,7 @@ from . import checkpoint, distributed
 from .checkpoint.export import _find_checkpoint, read_checkpoint
 from .checkpoint.integrity import verify
 from .config.settings import Config, load_config
-from .config_keys import ConfigError
+from .config_keys import ConfigError, split_assignment
 from .run.rundir import RunDir
 from .train import build, evaluate
 
@@ -24,12 +24,12 @@ ALLOWED = {"dataset", "eval_batches", "batch_size", "device", "num_workers", "cp
 
 def evaluation_config(overrides: list[str]) -> Config:
     """The run's recorded config (its config.toml) with the allowed overrides."""
-    pairs = [item.partition("=") for item in overrides]
-    run_dirs = [value for key, eq, value in pairs if key == "run_dir" and eq]
+    pairs = [split_assignment(item) for item in overrides]
+    run_dirs = [value for key, value in pairs if key == "run_dir"]
     if not run_dirs or not run_dirs[-1]:
         raise ConfigError("evaluate needs run_dir=DIR (a run directory with a checkpoint)")
     run_dir = RunDir(run_dirs[-1])
-    others = sorted({key for key, _, _ in pairs if key != "run_dir"} - ALLOWED)
+    others = sorted({key for key, _ in pairs if key != "run_dir"} - ALLOWED)
     if others:
         raise ConfigError(
             f"evaluate takes run_dir= and {', '.join(sorted(ALLOWED))}; not {', '.join(others)} "
@@ -38,7 +38,7 @@ def evaluation_config(overrides: list[str]) -> Config:
     if not run_dir.config.is_file():
         raise ConfigError(f"{run_dir.path}: no config.toml, not a run directory of this package")
     cfg = load_config(
-        run_dir.config, [item for item in overrides if not item.startswith("run_dir=")]
+        run_dir.config, [f"{key}={value}" for key, value in pairs if key != "run_dir"]
     )
     return dataclasses.replace(cfg, run_dir=str(run_dir.path), init_from="", compile=False)
 

@@ -20,13 +20,13 @@ from .checkpoint import load_model_state
 from .config.settings import ConfigError, saved_config
 from .config_keys import first_line
 from .data.info import DataInfo, saved_data_info
-from .data.shards import file_sha256
 from .data.tokenizer import (
     check_run_tokenizer,
     recorded_tokenizer_sha256,
     text_codec,
     tokenizer_file,
 )
+from .data.tokens import file_sha256
 from .models import spec_of
 from .models.spec import sample
 

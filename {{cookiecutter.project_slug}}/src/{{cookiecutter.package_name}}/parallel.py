@@ -168,11 +168,6 @@ def materialize(model: nn.Module, device: torch.device) -> None:
             buffer.copy_(buffers[name])
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under DDP (FSDP2 shards in place, there is no wrapper)."""
-    return model.module if isinstance(model, DDP) else model
-
-
 def sync_gradients(model: nn.Module, enabled: bool):
     """Context for a micro-batch: gradients are reduced only when `enabled` (the last one)."""
     from contextlib import nullcontext

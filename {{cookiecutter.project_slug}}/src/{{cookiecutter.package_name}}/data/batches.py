@@ -35,7 +35,7 @@ from ..config_keys import AUTO, ConfigError, key
 from ..run.atomic import atomic_write_text
 from ..run.preemption import SIGNALS
 from .info import DataInfo
-from .shards import file_sha256
+from .tokens import file_sha256
 
 
 # fmt: off

@@ -28,14 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import hf as hf_data
-from .tokenizer import load_tokenizer, require
+from ..config_keys import optional_import
+from . import hf_datasets
+from .tokenizer import load_tokenizer
 from .tokens import DatasetError, stdlib_files
 
 
 def synthetic_corpus(directory: Path, megabytes: int, rows_per_group: int = 512) -> Path:
     """A folder of one parquet file holding `megabytes` MiB of text, documents = stdlib files."""
-    pa = require("pyarrow")
+    pa = optional_import("pyarrow", "data", "--synthetic-mb", DatasetError)
     import pyarrow.parquet as pq
 
     texts = [f.read_text(errors="replace") for f in stdlib_files()]
@@ -55,12 +56,12 @@ def synthetic_corpus(directory: Path, megabytes: int, rows_per_group: int = 512)
 
 def encode_batch_alone(source: str, tokenizer, args: argparse.Namespace, workers: int) -> tuple:
     """(tokens, seconds inside encode_batch) over the same batches as the pipeline."""
-    dataset, _ = hf_data.open_source(source, args.split)
-    documents = hf_data.BATCH_DOCUMENTS_PER_WORKER * workers
-    characters = hf_data.BATCH_CHARACTERS_PER_WORKER * workers
+    dataset, _ = hf_datasets.open_source(source, args.split)
+    documents = hf_datasets.BATCH_DOCUMENTS_PER_WORKER * workers
+    characters = hf_datasets.BATCH_CHARACTERS_PER_WORKER * workers
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # as make-dataset
     tokens, seconds = 0, 0.0
-    for texts in hf_data.text_batches(dataset, args.column, source, documents, characters):
+    for texts in hf_datasets.text_batches(dataset, args.column, source, documents, characters):
         start = time.perf_counter()
         encodings = encode(texts, add_special_tokens=False)
         seconds += time.perf_counter() - start
@@ -73,9 +74,9 @@ def peak_rss_mib() -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    workers = hf_data.use_workers(args.workers)
+    workers = hf_datasets.use_workers(args.workers)
     for module in ("datasets", "tokenizers", "pyarrow.parquet"):
-        require(module)
+        optional_import(module, "data", "the make-dataset --hf benchmark", DatasetError)
     imports_rss = peak_rss_mib()  # torch, datasets, pyarrow: the constant part
     with tempfile.TemporaryDirectory(prefix="data-benchmark-", dir=args.tmp) as tmp:
         source = (
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
         for round_ in range(args.rounds):  # alternated: a shared machine's load hits both alike
             out = Path(tmp) / f"dataset-{round_}"
             start = time.perf_counter()
-            index = hf_data.write_hf_dataset(
+            index = hf_datasets.write_hf_dataset(
                 source, args.tokenizer, out, args.split, args.column, workers, progress_every_s=60.0
             )
             pipeline_s = time.perf_counter() - start

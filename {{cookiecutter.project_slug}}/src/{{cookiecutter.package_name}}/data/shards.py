@@ -34,6 +34,7 @@ from .tokens import (
     MIN_VAL_TOKENS,
     SHARD_TOKENS,
     DatasetError,
+    file_sha256,
     read_index,
     sample_blocks,
     sample_sha256,
@@ -403,14 +404,6 @@ def fingerprint(directory: Path, index: dict) -> str:
             with open(Path(directory) / entry["name"], "rb") as f:
                 while block := f.read(1 << 24):
                     digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
     return "sha256:" + digest.hexdigest()
 
 

@@ -1,7 +1,8 @@
 """The inputs `make-dataset` turns into token shards, one option each: `--stdlib`, `--text`,
-`--tokens` (shards.py), `--hf` (hf.py). An input format of your own is one module in this folder
-with a `SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md, "Your own
-input format"). make-dataset without any of them writes the classifier's arrays (`--x --y`).
+`--tokens` (shards.py), `--hf` (hf_datasets.py). An input format of your own is one module in
+this folder with a `SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md,
+"Your own input format"). make-dataset without any of them writes the classifier's arrays
+(`--x --y`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 SOURCE_MODULES = (
     "shards",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
-    "hf",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
+    "hf_datasets",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
 )
 
 

@@ -6,14 +6,22 @@ end-of-document token, and train a byte-level BPE on your own text (`train-token
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..config_keys import first_line, optional_import
 from ..run.atomic import atomic_write
-from .shards import describe, file_sha256
-from .tokens import BYTE_VOCAB, MAX_VOCAB, DatasetError, decode_bytes, encode_bytes, read_index
+from .shards import describe
+from .tokens import (
+    BYTE_VOCAB,
+    MAX_VOCAB,
+    DatasetError,
+    decode_bytes,
+    encode_bytes,
+    file_sha256,
+    read_index,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
 # End-of-document tokens of common tokenizers, tried in this order when the tokenizer's own
@@ -21,17 +29,6 @@ TOKENIZER_FILE = "tokenizer.json"
 # Llama 2/Mistral, Gemma.
 SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 BPE_SEPARATOR = "<|endoftext|>"  # the one special token of train-tokenizer's BPE (id 0)
-
-
-def require(module: str):
-    """Import an optional dependency, or fail with one line that says how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise DatasetError(
-            f"this needs the optional package `{module}`: pip install -e '.[data]' "
-            "(installs datasets and tokenizers)"
-        ) from None
 
 
 def tokenizer_file(path: Path) -> Path:
@@ -50,12 +47,11 @@ def tokenizer_file(path: Path) -> Path:
 def load_tokenizer(path: Path):
     """(the `tokenizers.Tokenizer`, its tokenizer.json path)."""
     file = tokenizer_file(path)
-    tokenizers = require("tokenizers")
+    tokenizers = optional_import("tokenizers", "data", f"the tokenizer {file}", DatasetError)
     try:
         return tokenizers.Tokenizer.from_file(str(file)), file
     except Exception as err:  # the Rust side raises plain Exception for a bad file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DatasetError(f"{file}: not a readable tokenizer.json: {first}") from None
+        raise DatasetError(f"{file}: not a readable tokenizer.json: {first_line(err)}") from None
 
 
 def vocabulary_size(tokenizer) -> int:
@@ -101,7 +97,7 @@ def train_tokenizer(
     for path in files:
         if not Path(path).is_file():
             raise DatasetError(f"{path}: cannot read: not a file")
-    tokenizers = require("tokenizers")
+    tokenizers = optional_import("tokenizers", "data", "train-tokenizer", DatasetError)
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tokenizer = tokenizers.Tokenizer(models.BPE())

@@ -1,6 +1,6 @@
 """Token datasets for language models: a few large shards of uint16 or uint32 tokens.
 
-A dataset directory (written by `python -m <pkg> make-dataset`, see `shards.py` and `hf.py`):
+A dataset directory (written by `python -m <pkg> make-dataset`: `shards.py`, `hf_datasets.py`):
 
     index.json                            format, dtype, vocab_size, tokenizer, fingerprint, and
                                           each shard's token count, largest id and the sha256 of
@@ -91,6 +91,15 @@ def stdlib_files() -> list[Path]:
 
 
 # --- reading ---------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    """A whole file's sha256 (a dataset's tokenizer.json, the classifier's arrays)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
 
 
 def read_index(directory: Path) -> dict:

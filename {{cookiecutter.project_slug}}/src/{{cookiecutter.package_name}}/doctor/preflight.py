@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
+from ..config_keys import first_line
 from ..distributed import DistEnv, LaunchError, wait_for_master
 from . import nodes as doctor_nodes
 from .checks import (
@@ -327,7 +328,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sizes", type=parse_sizes, help="all-reduce sizes, e.g. 1M,64M,1G (default 1M..1G)"
     )
-    # Written run_dir=DIR data_dir=DIR on the command line, like every command (arguments.py).
+    # Written run_dir=DIR data_dir=DIR on the command line, like every command (commands.py).
     parser.add_argument("--run-dir", type=Path, help="run_dir=DIR: run directory to check")
     parser.add_argument("--data-dir", type=Path, help="data_dir=DIR: data directory to check")
     parser.add_argument(
@@ -415,7 +416,7 @@ def report(args, env: DistEnv, device, host: str, results: list[Result], uuid) -
     try:
         rows, verdict = bandwidth_test(env, device, sizes, args.quick, hosts, args.expect_busbw)
     except RuntimeError as err:  # NCCL errors, out of memory
-        rows, verdict = [], Result(FAIL, "allreduce", f"all-reduce failed: {err}".splitlines()[0])
+        rows, verdict = [], Result(FAIL, "allreduce", f"all-reduce failed: {first_line(err)}")
     distinct = {r for _, rs in per_rank.values() for r in rs} | {*cross, verdict}
     statuses = [r.status for r in distinct]
     failed = bool(distributed.broadcast_object(FAIL in statuses))

@@ -13,7 +13,7 @@ from ..config.files import read_toml
 from ..config_keys import ConfigError
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir
-from .metrics import has_numbers, read_records
+from .metrics import has_numbers, pyplot, read_records
 
 
 def summary(run_dir: Path) -> dict:
@@ -112,15 +112,7 @@ def compare(run_dirs: list[Path], out: Path) -> tuple[str, Path]:
         raise ConfigError("compare needs at least two runs: compare run_dir=A run_dir=B ...")
     rows = [summary(Path(d)) for d in run_dirs]
     configs = [config_of(Path(d)) for d in run_dirs]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError(
-            "compare's plot needs matplotlib: pip install matplotlib (or the [plot] extra)"
-        ) from None
+    plt = pyplot("compare's plot")
     out = Path(out)
     if out.is_dir():
         out = out / "compare.png"

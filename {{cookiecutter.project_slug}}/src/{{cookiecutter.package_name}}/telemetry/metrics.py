@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..config_keys import key
+from ..config_keys import key, optional_import
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir, reported
 from . import tracking
@@ -251,17 +251,18 @@ def has_numbers(record: dict, *keys: str) -> bool:
     return all(isinstance(record.get(k), (int, float)) for k in keys)
 
 
+def pyplot(purpose: str):
+    """matplotlib.pyplot, drawing into files (a compute node has no display); without
+    matplotlib, a RuntimeError (exit 1) that says how to install it."""
+    optional_import("matplotlib", "plot", purpose, RuntimeError).use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
 def plot(path: Path, out: Path | None = None) -> Path:
     """PNG of loss and throughput vs step from a run directory or a metrics.jsonl file."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError(
-            "plotting needs matplotlib: pip install matplotlib (or this project's [plot] extra)"
-        ) from None
+    plt = pyplot("plot")
     path = Path(path)
     records = read_records(path)
     train = [r for r in records if r.get("kind") == "train" and has_numbers(r, "step", "loss")]

@@ -15,19 +15,18 @@ Both survive a requeue or resume:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import secrets
 
+from ..config_keys import optional_import
 from ..run.atomic import atomic_write_text
 from ..run.rundir import RunDir, os_error_text
 
 log = logging.getLogger(__name__.split(".")[0])
 
 KINDS = ("none", "tensorboard", "wandb")
-DISTRIBUTION = "{{ cookiecutter.project_slug }}"
 NOT_LOGGED = ("kind", "step", "time")  # `time` becomes the event's wall time instead
 
 
@@ -158,17 +157,14 @@ def open_tracker(
     resume_step: int = 0,
 ) -> Tracker:
     """The tracker `kind` on rank 0, a no-op elsewhere. Every rank checks that the package is
-    installed, so all of them stop with the same TrackerError at start, not mid-run."""
+    installed (it imports it), so all of them stop with the same TrackerError at start, not
+    mid-run."""
     if kind not in KINDS:
         raise TrackerError(f"tracker must be one of {', '.join(KINDS)}, not {kind!r}")
     if kind == "none":
         return Tracker()
-    package = {"tensorboard": "tensorboard", "wandb": "wandb"}[kind]
-    if importlib.util.find_spec(package) is None:
-        raise TrackerError(
-            f'tracker = "{kind}" needs the {package} package: '
-            f"pip install '{DISTRIBUTION}[{kind}]' (or tracker = \"none\")"
-        )
+    # the package and the extra are both named after the tracker
+    optional_import(kind, kind, f'tracker = "{kind}" (or tracker = "none")', TrackerError)
     if not is_main:
         return Tracker()
     if kind == "tensorboard":

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line
+from ..config_keys import first_line, optional_import
 from .shards import write_shards
 from .sources import DatasetSource
-from .tokenizer import document_separator, load_tokenizer, require, vocabulary_size
+from .tokenizer import document_separator, load_tokenizer, vocabulary_size
 from .tokens import DatasetError, token_dtype
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
@@ -90,7 +90,7 @@ def open_source(source: str, split: str):
         args = {"path": str(path)}
     else:
         args = {"path": source}  # a hub name: needs internet (a login node) or the HF_HOME cache
-    datasets = require("datasets")
+    datasets = optional_import("datasets", "data", "--hf", DatasetError)
     try:
         dataset = datasets.load_dataset(**args, split=split, streaming=True)
     except Exception as err:  # datasets raises many types: missing split, bad files, no network
@@ -312,7 +312,7 @@ def write_hf_dataset(
     return index
 
 
-# --- command line (wired into cli.py) ----------------------------------------------------------
+# --- command line (commands.py) --------------------------------------------------------------
 
 
 def add_arguments(make, source) -> None:
@@ -338,10 +338,9 @@ def add_arguments(make, source) -> None:
     )
 
 
-def add_train_tokenizer(sub) -> None:
-    """The same sources as make-dataset: text files, or --hf (JSONL/parquet/CSV files or
-    folders, hub datasets) with --split and --column."""
-    cmd = sub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on text")
+def add_train_tokenizer(cmd) -> None:
+    """train-tokenizer's arguments: the same sources as make-dataset, text files or --hf
+    (JSONL/parquet/CSV files or folders, hub datasets) with --split and --column."""
     source = cmd.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", type=Path, nargs="+", metavar="FILE", help="text files")
     source.add_argument(
