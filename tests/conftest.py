@@ -23,6 +23,9 @@ TEMPLATE_DIR = Path(__file__).resolve().parent.parent
 # render answers in this process (prompt_for_config) do the same.
 sys.path.append(str(TEMPLATE_DIR))
 
+# The real-Slurm tests' fixtures (slurm, cluster, repo, dataset): tests/slurm/fixtures.py.
+pytest_plugins = ["slurm.fixtures"]
+
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
 # and uenv part x {srun, torchrun}; ci github (default), gitlab and none.
 CONFIGS: dict[str, dict[str, str | bool]] = {

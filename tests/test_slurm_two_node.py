@@ -6,9 +6,10 @@ nodes talk over that link, so these tests see what one node cannot show: srun sp
 over nodes, torchrun's one agent per node, MASTER_ADDR taken from the node list, the doctor's
 measurements between hosts, a preemption signal reaching both nodes, and a node lost mid-job.
 
-The scripts are submitted unchanged, with the same departures as tests/test_slurm_e2e.py (whose
-fixtures and helpers these tests share), plus `--nodes=2` where a configuration asks for one
-node and fewer tasks per node (this machine has 2 cores for all ranks of both nodes).
+The scripts are submitted unchanged, with the same departures as tests/test_slurm_e2e.py (both
+take their fixtures and helpers from tests/slurm/fixtures.py and tests/slurm/jobs.py), plus
+`--nodes=2` where a configuration asks for one node and fewer tasks per node (this machine has 2
+cores for all ranks of both nodes).
 Select with `-m slurm`; skips (with the reason) where the cluster cannot start, unless
 ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
@@ -19,25 +20,24 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from slurm.two_node import TwoNodeHarness, unavailable_reason
-from test_slurm_e2e import (
+from slurm.jobs import (
+    JOB_TIMEOUT,
+    PREEMPT,
+    PREEMPT_STEPS,
     QUICK,
     Submission,
     check_checkpoint,
     check_environment_requests,
     check_log_path,
     check_ranks_trained,
-    dataset_fixture,  # noqa: F401 - the `dataset` fixture, shared
     explained,
-    repo_fixture,  # noqa: F401 - the `repo` fixture, shared
-    started_or_skip,
     submit,
 )
+from slurm.two_node import TwoNodeHarness
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -49,21 +49,10 @@ SRUN_SHAPE = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
 # torchrun: one agent per node starting one worker per GPU, 2 GPUs: ranks 0,1 on the first node,
 # 2,3 on the second. (--nodes=2 is the configuration's own.)
 TORCHRUN_SHAPE = ("--gpus-per-node=2",)
-# 20-50 ms a step here: the signal, sent once step 10 is logged, must land before the end even
-# on an idle machine (60 steps, 1.6 s, lost that race once: scancel reaches the ranks in ~1 s)
-PREEMPT_STEPS = 300
-PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
-JOB_TIMEOUT = 300
 
 HOST_LINE = re.compile(
     r"\[rank(\d+)\] \S+ INFO host=(\S+) rank=(\d+) local_rank=(\d+) world=(\d+) .*launcher=(\w+)"
 )
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[TwoNodeHarness]:
-    """The two-node cluster, for this module; torn down (network included) at its end."""
-    yield from started_or_skip(TwoNodeHarness(), unavailable_reason())
 
 
 def master_port(job_id: int) -> int:
