@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,16 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def package_env(repo: Path) -> dict[str, str]:
+    """Import the package from the checkout (src/), no install; one thread per process."""
+    env = clean_env()
+    env["PYTHONPATH"] = str(repo / "src")
+    env["OMP_NUM_THREADS"] = "1"
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]
+    return env
+
+
 def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **kw):
     """Run a command in a baked repo and return the CompletedProcess (output captured)."""
     proc = subprocess.run(
@@ -115,6 +126,30 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **k
             f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+# Left out of the copies: artefacts other tests may have created in the shared baked repos.
+COPY_IGNORE = shutil.ignore_patterns(
+    ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "runs"
+)
+
+
+@pytest.fixture(scope="session")
+def pre_commit_env() -> dict[str, str]:
+    """Environment with one PRE_COMMIT_HOME shared by all tests (and kept between sessions)."""
+    env = clean_env()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(cache / "pre-commit")
+    return env
+
+
+def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
+    """A copy of a baked repo that is a git work tree with every generated file tracked."""
+    shutil.copytree(baked_repo, dest, symlinks=True, ignore=COPY_IGNORE)
+    if not (dest / ".git").exists():  # git_init=no
+        run(["git", "init", "--quiet"], dest, env=env)
+        run(["git", "add", "--all"], dest, env=env)
+    return dest
 
 
 # pytest-xdist (pytest.ini: -n auto) runs the tests on one worker per core. Every real-Slurm
