@@ -74,6 +74,9 @@ def answers(name: str) -> dict:
     return merged
 
 
+LUSTRE_LAYOUT = answers("default")["_lustre_layout"]  # the one source: cookiecutter.json
+
+
 def load_hook(directory: Path, hook: str, answers: dict) -> ModuleType:
     """hooks/<hook>.py rendered for `answers` and imported from `directory` (main() not run)."""
     from cookiecutter.environment import StrictEnvironment
@@ -190,6 +193,13 @@ def bake(cookies_session):
         return cache[name]
 
     return _bake
+
+
+@pytest.fixture(scope="session")
+def post_gen_hook(tmp_path_factory):
+    """hooks/post_gen_project.py imported: OPTIONAL_FILES and unchosen_files are the one list of
+    files that belong to one answer only."""
+    return load_hook(tmp_path_factory.mktemp("hook"), "post_gen_project", answers("default"))
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))
