@@ -202,6 +202,18 @@ def post_gen_hook(tmp_path_factory):
     return load_hook(tmp_path_factory.mktemp("hook"), "post_gen_project", answers("default"))
 
 
+@pytest.fixture(scope="module")
+def hooks(tmp_path_factory) -> tuple:
+    """(pre_prompt, pre_gen_project): the template's two answer-checking hooks, imported."""
+    directory = tmp_path_factory.mktemp("hooks")
+    spec = importlib.util.spec_from_file_location(
+        "pre_prompt", TEMPLATE_DIR / "hooks" / "pre_prompt.py"
+    )
+    pre_prompt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pre_prompt)  # run as it is: cookiecutter does not render this hook
+    return pre_prompt, load_hook(directory, "pre_gen_project", answers("default"))
+
+
 @pytest.fixture(scope="session", params=sorted(CONFIGS))
 def baked(request, bake) -> tuple[str, Path]:
     """(name, path) for each named configuration."""
