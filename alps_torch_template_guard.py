@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from jinja2 import FileSystemLoader
 from jinja2.ext import Extension
 
 MODULE = Path(__file__).name
@@ -87,7 +88,10 @@ class AnswersAreData(Extension):
         defaults = json.loads((root / "cookiecutter.json").read_text(encoding="utf-8"))
         choices = {k: v for k, v in defaults.items() if isinstance(v, list) and k[0] != "_"}
         environment.globals["template_choices"] = choices
-        environment.globals["template_dir"] = str(root)  # the hook reads the repo's linter there
+        # cookiecutter renders the hooks without a loader (it sets one for the project's files
+        # only): what they include (alps_home.py.j2) comes from the template's templates/ too
+        if environment.loader is None:
+            environment.loader = FileSystemLoader(str(root / "templates"))
 
     def trusted(self, source: str) -> bool:
         if source in self.whole:

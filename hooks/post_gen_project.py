@@ -23,7 +23,7 @@ ANSWERS = {key: ANSWERS[key] for key in ANSWER_ORDER}
 
 # The one list of files that belong to one answer only: {answer: {choice: paths}}. A choice
 # not listed keeps every file ("both" keeps the container and the uenv files, "none" drops all
-# CI files). tests/test_bake.py and docs/DESIGN.md are checked against this table.
+# CI files). tests/test_bake_file_set.py and docs/DESIGN.md are checked against this table.
 OPTIONAL_FILES: dict[str, dict[str, list[str]]] = {
     "env_flavour": {
         "container": [

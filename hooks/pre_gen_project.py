@@ -17,10 +17,10 @@ removes the empty parent directories cookiecutter created for it).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import keyword
 import os
+import posixpath  # noqa: F401 - used by what the hook includes (templates/alps_home.py.j2)
 import re
 import shutil
 import subprocess
@@ -28,7 +28,6 @@ import sys
 import tempfile
 import unicodedata
 from pathlib import Path
-from types import ModuleType
 
 ANSWERS: dict = json.loads({{cookiecutter | tojson | tojson}})
 
@@ -157,7 +156,7 @@ PATTERNS |= {
 # Installing the project must not shadow or overwrite a module the job needs (pip install -e
 # puts the package on sys.path next to them): the standard library; every module that torch and
 # the package's dependencies and extras install (derived, not typed: the block below is written
-# by tests/shadowed_names.py, and tests/test_validation.py fails when it misses one); what the
+# by tests/shadowed_names.py, and tests/test_answers_refused.py fails when it misses one); what the
 # NGC PyTorch image and the PyTorch uenv bring beyond that, which no test here can list (typed);
 # and the generated repository's own top-level directories.
 # BEGIN derived by tests/shadowed_names.py --write (torch + every extra)
@@ -214,7 +213,7 @@ _TIME_RE = re.compile(
 # $HOME or /users leaks shell init files and caches into the container and exposes personal
 # data (https://docs.cscs.ch/software/ml/pytorch/: mount only subdirectories of $HOME);
 # striping or filling a shared root affects everyone. Compared after normalisation (see
-# normalised_path, from the generated repo's tools/alps_lint.py).
+# normalised_path, below).
 SHARED_ROOTS = frozenset(
     {
         "/",
@@ -232,19 +231,10 @@ SHARED_ROOTS = frozenset(
 TEMPLATE_SYNTAX = ("{" + "{", "{" + "%", "{" + "#")
 
 
-def repo_linter() -> ModuleType:
-    """The generated repo's linter (tools/alps_lint.py: plain Python, not rendered), from the
-    template: how Alps spells a home directory (its HOME, normalised_path) is written there once."""
-    (path,) = Path({{template_dir | tojson}}).glob("*/tools/alps_lint.py")
-    spec = importlib.util.spec_from_file_location("alps_lint", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
-
-
-LINT = repo_linter()
-HOME, normalised_path = LINT.HOME, LINT.normalised_path
+# How Alps spells a home directory (HOME) and normalised_path(): templates/alps_home.py.j2,
+# written once and included here and into the generated repository's tools/alps_lint.py. It
+# starts with a comment line, so that behind '# ' this file is Python before rendering too.
+# {% include "alps_home.py.j2" %}
 
 
 def path_error(value: str) -> str | None:

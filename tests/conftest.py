@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ TEMPLATE_DIR = Path(__file__).resolve().parent.parent
 # directory, which cookiecutter and cruft put on sys.path while they render; the tests that
 # render answers in this process (prompt_for_config) do the same.
 sys.path.append(str(TEMPLATE_DIR))
+
+# The real-Slurm tests' fixtures (slurm, cluster, repo, dataset): tests/slurm/fixtures.py.
+pytest_plugins = ["slurm.fixtures"]
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
 # and uenv part x {srun, torchrun}; ci github (default), gitlab and none.
@@ -70,6 +74,9 @@ def answers(name: str) -> dict:
     return merged
 
 
+LUSTRE_LAYOUT = answers("default")["_lustre_layout"]  # the one source: cookiecutter.json
+
+
 def load_hook(directory: Path, hook: str, answers: dict) -> ModuleType:
     """hooks/<hook>.py rendered for `answers` and imported from `directory` (main() not run)."""
     from cookiecutter.environment import StrictEnvironment
@@ -95,6 +102,16 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def package_env(repo: Path) -> dict[str, str]:
+    """Import the package from the checkout (src/), no install; one thread per process."""
+    env = clean_env()
+    env["PYTHONPATH"] = str(repo / "src")
+    env["OMP_NUM_THREADS"] = "1"
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]
+    return env
+
+
 def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **kw):
     """Run a command in a baked repo and return the CompletedProcess (output captured)."""
     proc = subprocess.run(
@@ -112,6 +129,30 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **k
             f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+# Left out of the copies: artefacts other tests may have created in the shared baked repos.
+COPY_IGNORE = shutil.ignore_patterns(
+    ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "runs"
+)
+
+
+@pytest.fixture(scope="session")
+def pre_commit_env() -> dict[str, str]:
+    """Environment with one PRE_COMMIT_HOME shared by all tests (and kept between sessions)."""
+    env = clean_env()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(cache / "pre-commit")
+    return env
+
+
+def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
+    """A copy of a baked repo that is a git work tree with every generated file tracked."""
+    shutil.copytree(baked_repo, dest, symlinks=True, ignore=COPY_IGNORE)
+    if not (dest / ".git").exists():  # git_init=no
+        run(["git", "init", "--quiet"], dest, env=env)
+        run(["git", "add", "--all"], dest, env=env)
+    return dest
 
 
 # pytest-xdist (pytest.ini: -n auto) runs the tests on one worker per core. Every real-Slurm
@@ -152,6 +193,25 @@ def bake(cookies_session):
         return cache[name]
 
     return _bake
+
+
+@pytest.fixture(scope="session")
+def post_gen_hook(tmp_path_factory):
+    """hooks/post_gen_project.py imported: OPTIONAL_FILES and unchosen_files are the one list of
+    files that belong to one answer only."""
+    return load_hook(tmp_path_factory.mktemp("hook"), "post_gen_project", answers("default"))
+
+
+@pytest.fixture(scope="module")
+def hooks(tmp_path_factory) -> tuple:
+    """(pre_prompt, pre_gen_project): the template's two answer-checking hooks, imported."""
+    directory = tmp_path_factory.mktemp("hooks")
+    spec = importlib.util.spec_from_file_location(
+        "pre_prompt", TEMPLATE_DIR / "hooks" / "pre_prompt.py"
+    )
+    pre_prompt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pre_prompt)  # run as it is: cookiecutter does not render this hook
+    return pre_prompt, load_hook(directory, "pre_gen_project", answers("default"))
 
 
 @pytest.fixture(scope="session", params=sorted(CONFIGS))

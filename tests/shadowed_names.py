@@ -4,7 +4,7 @@ pip would refuse to install it beside it (mpmath, torchgen, dill, pyarrow ...).
 
 The pre-generation hook cannot derive this list (the machine that runs cookiecutter need not
 have torch), so it holds a copy, written by this script and checked against the installed
-distributions by tests/test_validation.py:
+distributions by tests/test_answers_refused.py:
 
     python3 tests/shadowed_names.py            # print the derived names
     python3 tests/shadowed_names.py --write    # rewrite the block in hooks/pre_gen_project.py

@@ -12,8 +12,7 @@ import shlex
 
 import pytest
 import yaml
-from conftest import answers, run
-from test_precommit import git_copy, pre_commit_env  # noqa: F401 (fixture)
+from conftest import answers, git_copy, run
 
 CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu torch"
 
@@ -57,7 +56,7 @@ def test_no_ci_files_for_ci_none(bake):
     assert not (repo / ".github").exists() and not (repo / ".gitlab-ci.yml").exists()
 
 
-def test_workflow_steps_pass_in_a_baked_repo(bake, tmp_path, pre_commit_env):  # noqa: F811
+def test_workflow_steps_pass_in_a_baked_repo(bake, tmp_path, pre_commit_env):
     """The test and pre-commit steps of the GitHub workflow, run as they are written."""
     repo = git_copy(bake("default"), tmp_path / "repo", pre_commit_env)
     test_step, pre_commit_step = github_commands(repo)[2:]

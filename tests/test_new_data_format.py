@@ -9,47 +9,20 @@ tokens are exactly the file's ids, a GPT trains on it, and its bad inputs are on
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run
-from test_new_model import code_after, digests
-from test_training_package import package_env
-
-MODULE_MARK = "<!-- file: data/id_lines.py -->"
-LINE_MARK = "<!-- registry line: data/sources.py -->"
+from user_code import add_from_docs, python
 
 
 @pytest.fixture(scope="module")
 def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
     """A copy of the default bake with the docs' source module and registry line added."""
     repo = tmp_path_factory.mktemp("own-format") / "repo"
-    shutil.copytree(bake("default"), repo, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-    (package,) = [p.name for p in (repo / "src").iterdir() if (p / "__init__.py").exists()]
-    data = repo / "src" / package / "data"
-    before = digests(repo / "src" / package)
-    docs = (repo / "docs" / "data.md").read_text()
-    (data / "id_lines.py").write_text(code_after(docs, MODULE_MARK))
-    registry = data / "sources.py"
-    lines = registry.read_text().splitlines(keepends=True)
-    (hf_line,) = [i for i, line in enumerate(lines) if line.strip().startswith('"hf_datasets",')]
-    lines.insert(hf_line + 1, code_after(docs, LINE_MARK))
-    registry.write_text("".join(lines))
-    after = digests(repo / "src" / package)
-    assert {name for name in after if before.get(name) != after[name]} == {
-        "data/id_lines.py",
-        "data/sources.py",
-    }
-    assert len(registry.read_text().splitlines()) == len(lines)  # one line added, none edited
-    return repo, package
-
-
-def python(repo: Path, package: str, *args: str, check: bool = True):
-    cmd = [sys.executable, "-m", package, *args]
-    return run(cmd, cwd=repo, env=package_env(repo), timeout=300, check=check)
+    return repo, add_from_docs(
+        bake("default"), repo, "data.md", "data/id_lines.py", "data/sources.py", '"hf_datasets",'
+    )
 
 
 def test_a_format_in_one_module_writes_a_dataset_a_gpt_trains_on(user_repo, tmp_path):

@@ -8,18 +8,15 @@ exports, and generates text.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run
-from test_training_package import package_env
+from conftest import package_env, run
+from user_code import add_from_docs, python
 
-MODEL_MARK = "<!-- file: models/onelayer.py -->"
-LINE_MARK = "<!-- registry line: models/__init__.py -->"
 ARGS = [  # as docs/your-model.md trains it, in small
     "--config",
     "configs/default.toml",
@@ -43,48 +40,18 @@ ARGS = [  # as docs/your-model.md trains it, in small
 ]
 
 
-def code_after(text: str, mark: str) -> str:
-    """The ```python block that follows `mark` in the docs page."""
-    return text.split(mark, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-
-
-def digests(src: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(src)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(src.rglob("*.py"))
-    }
-
-
 @pytest.fixture(scope="module")
 def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
     """A copy of the default bake with the docs' model file and registry line added."""
     repo = tmp_path_factory.mktemp("own-model") / "repo"
-    shutil.copytree(bake("default"), repo, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-    (package,) = [p.name for p in (repo / "src").iterdir() if (p / "__init__.py").exists()]
-    models = repo / "src" / package / "models"
-    before = digests(repo / "src" / package)
-    docs = (repo / "docs" / "your-model.md").read_text()
-    (models / "onelayer.py").write_text(code_after(docs, MODEL_MARK))
-    registry = models / "__init__.py"
-    lines = registry.read_text().splitlines(keepends=True)
-    (mlp_line,) = [i for i, line in enumerate(lines) if line.strip().startswith('"mlp",')]
-    lines.insert(mlp_line + 1, code_after(docs, LINE_MARK))
-    registry.write_text("".join(lines))
-    after = digests(repo / "src" / package)
-    changed = {name for name in after if before.get(name) != after[name]}
-    assert changed == {"models/onelayer.py", "models/__init__.py"}
-    assert len(registry.read_text().splitlines()) == len(lines)  # one line added, none edited
-    return repo, package
+    return repo, add_from_docs(
+        bake("default"), repo, "your-model.md", "models/onelayer.py", "models/__init__.py", '"mlp",'
+    )
 
 
 def torchrun(repo: Path, package: str, *args: str):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return run([*cmd, "-m", package, *args], cwd=repo, env=package_env(repo), timeout=300)
-
-
-def python(repo: Path, package: str, *args: str, check: bool = True):
-    cmd = [sys.executable, "-m", package, *args]
-    return run(cmd, cwd=repo, env=package_env(repo), timeout=300, check=check)
 
 
 def test_a_model_in_one_file_trains_resumes_exports_and_generates(user_repo, tmp_path):

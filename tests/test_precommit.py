@@ -9,37 +9,12 @@ downloads the pinned hooks from PyPI (about a minute).
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
-from conftest import CONFIGS, TEMPLATE_DIR, clean_env, run
-
-# Left out of the copies: artefacts other tests may have created in the shared baked repos.
-COPY_IGNORE = shutil.ignore_patterns(
-    ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "runs"
-)
-
-
-@pytest.fixture(scope="session")
-def pre_commit_env() -> dict[str, str]:
-    """Environment with one PRE_COMMIT_HOME shared by all tests (and kept between sessions)."""
-    env = clean_env()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    env["PRE_COMMIT_HOME"] = os.environ.get("PRE_COMMIT_HOME") or str(cache / "pre-commit")
-    return env
-
-
-def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
-    """A copy of a baked repo that is a git work tree with every generated file tracked."""
-    shutil.copytree(baked_repo, dest, symlinks=True, ignore=COPY_IGNORE)
-    if not (dest / ".git").exists():  # git_init=no
-        run(["git", "init", "--quiet"], dest, env=env)
-        run(["git", "add", "--all"], dest, env=env)
-    return dest
+from conftest import CONFIGS, TEMPLATE_DIR, git_copy, run
 
 
 def pre_commit(repo: Path, env: dict[str, str], *args: str, check: bool = True):

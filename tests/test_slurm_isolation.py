@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from slurm.harness import SlurmHarness
+from slurm.jobs import JOB_HEADER, Repo, Submission
 from slurm.two_node import TwoNodeHarness
-from test_slurm_e2e import JOB_HEADER, Repo, Submission
 
 HARNESSES = (SlurmHarness, TwoNodeHarness)
 

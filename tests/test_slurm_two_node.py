@@ -6,9 +6,10 @@ nodes talk over that link, so these tests see what one node cannot show: srun sp
 over nodes, torchrun's one agent per node, MASTER_ADDR taken from the node list, the doctor's
 measurements between hosts, a preemption signal reaching both nodes, and a node lost mid-job.
 
-The scripts are submitted unchanged, with the same departures as tests/test_slurm_e2e.py (whose
-fixtures and helpers these tests share), plus `--nodes=2` where a configuration asks for one
-node and fewer tasks per node (this machine has 2 cores for all ranks of both nodes).
+The scripts are submitted unchanged, with the same departures as tests/test_slurm_e2e.py (both
+take their fixtures and helpers from tests/slurm/fixtures.py and tests/slurm/jobs.py), plus
+`--nodes=2` where a configuration asks for one node and fewer tasks per node (this machine has 2
+cores for all ranks of both nodes).
 Select with `-m slurm`; skips (with the reason) where the cluster cannot start, unless
 ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
@@ -19,25 +20,12 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from slurm.two_node import TwoNodeHarness, unavailable_reason
-from test_slurm_e2e import (
-    QUICK,
-    Submission,
-    check_checkpoint,
-    check_environment_requests,
-    check_log_path,
-    check_ranks_trained,
-    dataset_fixture,  # noqa: F401 - the `dataset` fixture, shared
-    explained,
-    repo_fixture,  # noqa: F401 - the `repo` fixture, shared
-    started_or_skip,
-    submit,
-)
+from slurm import jobs
+from slurm.two_node import TwoNodeHarness
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -49,28 +37,17 @@ SRUN_SHAPE = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
 # torchrun: one agent per node starting one worker per GPU, 2 GPUs: ranks 0,1 on the first node,
 # 2,3 on the second. (--nodes=2 is the configuration's own.)
 TORCHRUN_SHAPE = ("--gpus-per-node=2",)
-# 20-50 ms a step here: the signal, sent once step 10 is logged, must land before the end even
-# on an idle machine (60 steps, 1.6 s, lost that race once: scancel reaches the ranks in ~1 s)
-PREEMPT_STEPS = 300
-PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
-JOB_TIMEOUT = 300
 
 HOST_LINE = re.compile(
     r"\[rank(\d+)\] \S+ INFO host=(\S+) rank=(\d+) local_rank=(\d+) world=(\d+) .*launcher=(\w+)"
 )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[TwoNodeHarness]:
-    """The two-node cluster, for this module; torn down (network included) at its end."""
-    yield from started_or_skip(TwoNodeHarness(), unavailable_reason())
-
-
 def master_port(job_id: int) -> int:
     return 15000 + job_id % 15000  # the job scripts' MASTER_PORT
 
 
-def check_placement(sub: Submission, cluster: TwoNodeHarness, per_node: int, starts: int = 1):
+def check_placement(sub: jobs.Submission, cluster: TwoNodeHarness, per_node: int, starts: int = 1):
     """Ranks 0..per_node-1 ran on the first node, the next ones on the second, each start; all
     of them rendezvoused on the first node (MASTER_ADDR from the node list)."""
     found = HOST_LINE.findall(sub.text())
@@ -123,7 +100,7 @@ def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tenso
     return tensors
 
 
-def train_records(sub: Submission) -> list[dict]:
+def train_records(sub: jobs.Submission) -> list[dict]:
     lines = (sub.run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
@@ -165,58 +142,58 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
     written, the job requeues and resumes; its final checkpoint equals that of an uninterrupted
     run (a second job, alongside) bit for bit: model, optimizer, scheduler and RNG states."""
     target = repo("default", "container")
-    sub = submit(
+    sub = jobs.submit(
         cluster,
         target,
         tmp_path / "preempted",
-        PREEMPT,
+        jobs.PREEMPT,
         dataset,
         sbatch_args=SRUN_SHAPE,
         ranks=2,
         single_node=False,
     )
-    reference = submit(
+    reference = jobs.submit(
         cluster,
         target,
         tmp_path / "reference",
-        PREEMPT,
+        jobs.PREEMPT,
         dataset,
         sbatch_args=SRUN_SHAPE,
         ranks=2,
         single_node=False,
     )
-    with explained(reference), explained(sub):
+    with jobs.explained(reference), jobs.explained(sub):
         sub.wait_for_log(r"INFO step [1-9]\d*/")
         # the ranks on the second node talk to the first node's address: over the link
         first = cluster.addresses[cluster.nodes[0]]
         across = connections(cluster, cluster.nodes[1])
         assert first in {addr for addr, _ in across}, across
         cluster.run("scancel", "--signal=USR2", str(sub.job_id))
-        job = sub.wait(timeout=JOB_TIMEOUT)
+        job = sub.wait(timeout=jobs.JOB_TIMEOUT)
         text = sub.text()
         assert job.state == "COMPLETED" and job.restarts == 1
         stops = re.findall(r"\[rank(\d)\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
         assert sorted(rank for rank, _, _ in stops) == ["0", "1"], stops
         assert {reason for *_, reason in stops} == {"received SIGUSR2"}, "every rank got it"
         stop_step = int(stops[0][1])
-        assert {int(step) for _, step, _ in stops} == {stop_step} and stop_step < PREEMPT_STEPS
+        assert {int(step) for _, step, _ in stops} == {stop_step} and stop_step < jobs.PREEMPT_STEPS
         assert f"requeueing job {sub.job_id}" in text
         resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
         assert resumed == [str(stop_step)]
         check_placement(sub, cluster, per_node=1, starts=2)
-        check_log_path(sub, job)
-        check_ranks_trained(sub, max_steps=PREEMPT_STEPS, starts=2)
-        check_checkpoint(sub, PREEMPT_STEPS)
-        check_environment_requests(sub, restarts=1)
+        jobs.check_log_path(sub, job)
+        jobs.check_ranks_trained(sub, max_steps=jobs.PREEMPT_STEPS, starts=2)
+        jobs.check_checkpoint(sub, jobs.PREEMPT_STEPS)
+        jobs.check_environment_requests(sub, restarts=1)
         records = train_records(sub)
         assert [r["step"] for r in records if r["kind"] == "checkpoint"] == [
             stop_step,
-            PREEMPT_STEPS,
+            jobs.PREEMPT_STEPS,
         ]
 
-        ref_job = reference.wait(timeout=JOB_TIMEOUT)
+        ref_job = reference.wait(timeout=jobs.JOB_TIMEOUT)
         assert ref_job.state == "COMPLETED" and ref_job.restarts == 0
-        final = f"checkpoints/step-{PREEMPT_STEPS:08d}"
+        final = f"checkpoints/step-{jobs.PREEMPT_STEPS:08d}"
         resumed_state = checkpoint_tensors(sub.run_dir / final, tmp_path / "resumed.pt")
         reference_state = checkpoint_tensors(reference.run_dir / final, tmp_path / "reference.pt")
         assert resumed_state.keys() == reference_state.keys()
@@ -231,12 +208,12 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
     doctor first (clock offset and all-reduce bandwidth between the hosts), then training."""
     target = repo("uenv-torchrun", "uenv")
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
-    args = [*QUICK, "parallelism=fsdp"]
-    sub = submit(
+    args = [*jobs.QUICK, "parallelism=fsdp"]
+    sub = jobs.submit(
         cluster, target, tmp_path, args, dataset, doctor, TORCHRUN_SHAPE, ranks=4, single_node=False
     )
-    with explained(sub):
-        job = sub.wait(timeout=JOB_TIMEOUT)
+    with jobs.explained(sub):
+        job = sub.wait(timeout=jobs.JOB_TIMEOUT)
         text = sub.text()
         assert job.state == "COMPLETED" and job.exit_code == (0, 0)
         nodes = ", ".join(cluster.nodes)
@@ -249,10 +226,10 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
         between = re.search(r"OK +internode +busbw (\d+\.\d+) GB/s .*2 node", text)
         assert between and float(between.group(1)) > 0, text[-3000:]
         check_placement(sub, cluster, per_node=2)
-        check_ranks_trained(sub, max_steps=40)
-        check_checkpoint(sub, 40)
+        jobs.check_ranks_trained(sub, max_steps=40)
+        jobs.check_checkpoint(sub, 40)
         assert 'parallelism = "fsdp"' in (sub.run_dir / "config.toml").read_text()
-        check_environment_requests(sub)
+        jobs.check_environment_requests(sub)
 
 
 LOSS_TIMEOUT_S = 10  # dist_timeout_s of the lost-node test; the cluster's SlurmdTimeout is 20
@@ -276,14 +253,14 @@ def test_two_node_lost_node_fails_the_survivors_then_the_requeue_resumes(
     declares the node DOWN and ends the start NODE_FAIL, requeueing the job (--requeue); once the
     node is back the job runs again and resumes from the last complete checkpoint."""
     target = repo("default", "container")
-    args = [*QUICK, "max_steps=80", "checkpoint_every=20", f"dist_timeout_s={LOSS_TIMEOUT_S}"]
+    args = [*jobs.QUICK, "max_steps=80", "checkpoint_every=20", f"dist_timeout_s={LOSS_TIMEOUT_S}"]
     shape = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1")
-    sub = submit(
+    sub = jobs.submit(
         cluster, target, tmp_path, args, dataset, sbatch_args=shape, ranks=2, single_node=False
     )
     lost = cluster.nodes[1]
     survivor_error = r"\[rank0\] \S+ ERROR a collective did not complete within dist_timeout_s"
-    with explained(sub):
+    with jobs.explained(sub):
         sub.wait_for_log(r"checkpoint step 20 complete")
         cluster.cut_link(lost)
         cut_at = time.monotonic()
@@ -305,7 +282,7 @@ def test_two_node_lost_node_fails_the_survivors_then_the_requeue_resumes(
             cluster.restore_link(lost)
         assert state in {"PENDING", "REQUEUED"}, f"not requeued: {state}"
         cluster.resume_node(lost)  # as an admin would once the node is healthy again
-        job = sub.wait(timeout=JOB_TIMEOUT)
+        job = sub.wait(timeout=jobs.JOB_TIMEOUT)
         text = sub.text()
         assert failed_after is not None, "the surviving rank did not name the timeout"
         assert LOSS_TIMEOUT_S - 1 <= failed_after <= LOSS_TIMEOUT_S + 10, failed_after
@@ -318,5 +295,5 @@ def test_two_node_lost_node_fails_the_survivors_then_the_requeue_resumes(
         resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
         assert complete and resumed == [str(max(complete))], (complete, resumed)
         check_placement(sub, cluster, per_node=1, starts=2)
-        check_ranks_trained(sub, max_steps=80, starts=2)
-        check_checkpoint(sub, 80)
+        jobs.check_ranks_trained(sub, max_steps=80, starts=2)
+        jobs.check_checkpoint(sub, 80)

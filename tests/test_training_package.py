@@ -8,17 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, run
-
-
-def package_env(repo: Path) -> dict[str, str]:
-    """Import the package from the checkout (src/), no install; one thread per process."""
-    env = clean_env()
-    env["PYTHONPATH"] = str(repo / "src")
-    env["OMP_NUM_THREADS"] = "1"
-    for key in [k for k in env if k.startswith("SLURM_")]:
-        del env[key]
-    return env
+from conftest import package_env, run
 
 
 @pytest.fixture(scope="module")

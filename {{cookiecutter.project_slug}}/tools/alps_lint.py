@@ -400,19 +400,13 @@ class Edf:
         return found
 
 
-HOME = "/users/${USER}"  # $HOME on Alps (https://docs.cscs.ch/storage/filesystems/)
+{# the template's templates/alps_home.py.j2, shared with its pre-generation hook #}
+{%- include "alps_home.py.j2" %}
+
 # Mounted over the image's own directory, these hide the image's system (a bare source mounts
 # at the same path in the container).
 SYSTEM_DIRS = {"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/proc", "/sys"}
 SYSTEM_DIRS |= {"/dev", "/var"}
-
-
-def normalised_path(path: str) -> str:
-    """The path with ${HOME}/$HOME/~ spelled /users/${USER} and '//', '/.', '..' resolved."""
-    path = re.sub(r"^~(?=/|$)", HOME, path)
-    path = re.sub(r"\$\{HOME\}|\$HOME(?![A-Za-z0-9_])", HOME, path)
-    path = re.sub(r"^/+", "/", path)
-    return posixpath.normpath(path) if path else path
 
 
 def is_whole_home(path: str) -> bool:

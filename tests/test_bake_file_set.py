@@ -1,0 +1,207 @@
+"""Every named configuration bakes into exactly the files it should, each fact in one of them,
+all of them rendered and valid; regenerating adds nothing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tomllib
+
+from baked_files import generated_files, rendered_answers, template_files, text_files, under
+from conftest import LUSTRE_LAYOUT, TEMPLATE_DIR, answers, run
+
+
+def test_exact_file_set(baked, post_gen_hook):
+    name, path = baked
+    package = path.name.replace("-", "_")
+    files = generated_files(path)
+    everything = template_files(package)
+    dropped = under(everything, post_gen_hook.unchosen_files(answers(name)))
+    assert files == everything - dropped
+    # each optional file is there exactly when its answer chose it
+    a = answers(name)
+    for key, choices in post_gen_hook.OPTIONAL_FILES.items():
+        for choice, paths in choices.items():
+            wanted = a[key] in (choice, post_gen_hook.KEEPS_ALL.get(key))
+            assert (under(everything, paths) <= files) == wanted, (key, choice)
+            assert bool(under(files, paths)) == wanted, (key, choice)
+    for always in (
+        "README.md",
+        "pyproject.toml",
+        ".gitignore",
+        "docs/answers.md",
+        "configs/default.toml",
+        "scripts/setup_venv.sh",
+        "scripts/stripe_lustre.sh",
+        "jobs/common.sh",
+        "logs/.gitkeep",
+        f"src/{package}/__main__.py",
+    ):
+        assert always in files
+
+
+def test_design_lists_the_optional_files(post_gen_hook):
+    """docs/DESIGN.md's generated-repository table names each optional file with its answer."""
+    rows = [
+        line
+        for line in (TEMPLATE_DIR / "docs" / "DESIGN.md").read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    for key, choices in post_gen_hook.OPTIONAL_FILES.items():
+        for choice, paths in choices.items():
+            row = [r for r in rows if f"| {key}={choice} |" in r]
+            assert len(row) == 1, f"DESIGN.md needs one row for {key}={choice}"
+            listed = set(re.findall(r"`([^`]+)`", row[0].split(" | ")[0]))
+            assert {p.rstrip("/") for p in listed} == set(paths), (key, choice)
+
+
+# Openers are what an unrendered template leaves behind; closers alone ("%}", "}}") occur in
+# ordinary Python such as f"{share:.0%}" and nested dict literals.
+JINJA_MARKERS = re.compile(r"\{\{|\{%|\{#|cookiecutter\.")
+
+
+def test_no_leftover_jinja(baked):
+    name, path = baked
+    for rel in sorted(generated_files(path)):
+        text = (path / rel).read_text(errors="replace")
+        found = JINJA_MARKERS.search(text)
+        assert not found, f"{name}: {rel} contains {found.group()!r}"
+
+
+def test_toml_files_parse(baked):
+    _, path = baked
+    tomls = [p for p in path.rglob("*.toml") if ".git" not in p.parts]
+    assert tomls
+    for toml in tomls:
+        tomllib.loads(toml.read_text())
+
+
+def test_pyproject_keeps_torch_loose(baked):
+    _, path = baked
+    project = tomllib.loads((path / "pyproject.toml").read_text())["project"]
+    assert project["name"] == path.name
+    assert project["requires-python"] == ">=3.10"
+    torch_req = [d for d in project["dependencies"] if d.startswith("torch")]
+    assert torch_req == ["torch>=2.4"]
+
+
+def test_secrets_are_ignored_by_git(bake, tmp_path):
+    path = bake("uenv-torchrun")  # git_init=false: a copy with its own git
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(path / ".gitignore", repo / ".gitignore")
+    run(["git", "init", "--quiet"], cwd=repo)
+    secrets = [
+        ".env",
+        ".env.local",
+        "server.key",
+        "certs/site.pem",
+        ".netrc",
+        "credentials.json",
+        "gcp-credentials.json",
+        "hf_token",
+        "hf_token.txt",
+        ".huggingface/token",
+        ".cache/huggingface/token",
+        ".wandb/settings",
+        "wandb/run-20250101_000000-abc/files/config.yaml",
+        "id_ed25519",
+    ]
+    proc = run(["git", "check-ignore", "--no-index", *secrets], cwd=repo, check=False)
+    assert proc.stdout.split() == secrets
+    kept = ["configs/default.toml", ".env.example", "src/keys.py", "docs/credentials.md"]
+    proc = run(["git", "check-ignore", "--no-index", *kept], cwd=repo, check=False)
+    assert proc.stdout.split() == []
+
+
+def test_each_fact_is_written_once(baked):
+    """The image file, the base image, the Lustre layout, TORCH_NCCL_ASYNC_ERROR_HANDLING and
+    the partition each live in one place of the generated repo; the rest reads them from there."""
+    name, path = baked
+    a = answers(name)
+    # the generated repo's own tests hold fixtures (test tables), not facts of this repo
+    files = {rel: text for rel, text in text_files(path).items() if not rel.startswith("tests/")}
+
+    def holders(fact: str, among=None) -> dict[str, int]:
+        return {
+            rel: text.count(fact)
+            for rel, text in files.items()
+            if fact in text and (among is None or rel.startswith(among))
+        }
+
+    if a["env_flavour"] != "uenv":
+        extended = a["container_base"] == "alps-extended"
+        tag = a["__alps_extended_tag"] if extended else a["__ngc_pytorch_tag"]
+        sqsh = f"{a['image_dir']}/{path.name}+{tag}.sqsh"
+        base = (
+            f"ghcr.io/eth-cscs/alps-extended-images/ngc-pytorch:{tag}"
+            if extended
+            else f"nvcr.io/nvidia/pytorch:{tag}-py3"
+        )
+        assert holders(sqsh) == {"container/edf.toml": 1}
+        assert holders(f"{path.name}+{tag}") == {"container/edf.toml": 1}
+        assert holders(base) == {"Dockerfile": 1}
+    # the linter's advice and the doctor's read it from there (tests hold fixtures of it)
+    assert holders(LUSTRE_LAYOUT) == {"scripts/stripe_lustre.sh": 1}
+    jobs = {rel for rel in files if rel.endswith(".sbatch")}
+    # the part both job scripts share is written once (jobs/common.sh, sourced by each)
+    assert holders("TORCH_NCCL_ASYNC_ERROR_HANDLING=") == {"jobs/common.sh": 1}
+    assert holders('scontrol requeue "${job_ref}"') == {"jobs/common.sh": 1}
+    assert holders('RUN_NAME="${RUN_NAME:-${SLURM_JOB_NAME}}"') == {"jobs/common.sh": 1}
+    assert holders(f"--partition={a['partition']}") == dict.fromkeys(jobs, 1)
+    if a["account"]:
+        assert holders(f"--account={a['account']}") == dict.fromkeys(jobs, 1)
+    # the directories: scripts/dirs.sh for the scripts, the EDF's mounts (TOML cannot source
+    # it); docs show them to copy (answers.md records the answers)
+    docs = {rel for rel in files if rel.endswith(".md")}
+    container = a["env_flavour"] != "uenv"
+    rendered = rendered_answers(name)
+    for answer in ("data_dir", "checkpoint_dir", "image_dir"):
+        held = holders(f'"{rendered[answer]}"')
+        held = {rel: n for rel, n in held.items() if rel not in docs}
+        expected = {"scripts/dirs.sh": 1}
+        if container and answer != "image_dir":
+            expected["container/edf.toml"] = 1
+        if answer == "image_dir" and not container:
+            expected = {}
+        assert held == expected, (answer, held)
+        code = {rel for rel in files if rendered[answer] in files[rel]} - docs
+        assert code == set(expected) | ({"container/edf.toml"} if container else set()), code
+
+
+def test_git_init(baked):
+    name, path = baked
+    if answers(name)["git_init"]:
+        log = run(["git", "log", "--oneline"], cwd=path).stdout.splitlines()
+        assert len(log) == 1
+        assert run(["git", "status", "--porcelain"], cwd=path).stdout == ""
+        assert run(["git", "branch", "--show-current"], cwd=path).stdout.strip() == "main"
+    else:
+        assert not (path / ".git").exists()
+
+
+def test_regenerating_over_a_repo_adds_no_commit(bake, tmp_path):
+    """cookiecutter -f over an existing generated repo re-runs the hooks: no second git init
+    or commit, and the regenerated files equal the committed ones."""
+    original = bake("default")
+    out = tmp_path / "out"
+    shutil.copytree(original, out / original.name, symlinks=True)
+    head = run(["git", "rev-parse", "HEAD"], cwd=out / original.name).stdout
+    run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-f",
+            "-o",
+            str(out),
+            str(TEMPLATE_DIR),
+        ],
+        cwd=tmp_path,
+    )
+    repo = out / original.name
+    assert run(["git", "rev-parse", "HEAD"], cwd=repo).stdout == head
+    assert run(["git", "rev-list", "--count", "HEAD"], cwd=repo).stdout.strip() == "1"
+    assert run(["git", "status", "--porcelain"], cwd=repo).stdout == ""
