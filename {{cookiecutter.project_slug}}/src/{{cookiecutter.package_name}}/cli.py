@@ -293,10 +293,10 @@ def dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
         extra = SIZES[args.size] + [f"model={args.model}"] * bool(args.model)
         extra += [f"preset={args.preset}"] * bool(args.preset)
-        return run_benchmark(load_config(args.config, extra + overrides))
+        return run_benchmark(load_config(args.config, extra + overrides).config)
     from .train import train
 
-    return train(load_config(args.config, overrides, args.job_default))
+    return train(*load_config(args.config, overrides, args.job_default))
 
 
 def unknown_command(word: str) -> str | None:
