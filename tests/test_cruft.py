@@ -27,8 +27,8 @@ NEW_DOC = "docs/added-in-v2.md"  # a file that only the template's v2 has
 SIGNAL_V1, SIGNAL_V2 = "--signal=USR2@180", "--signal=USR2@240"
 NODES_V1, NODES_USER = "#SBATCH --nodes=1\n", "#SBATCH --nodes=8\n"
 MODEL_V1, MODEL_USER = (
-    "cfg.hidden_dim",
-    "2 * cfg.hidden_dim",
+    "cfg.mlp.hidden_dim",
+    "2 * cfg.mlp.hidden_dim",
 )  # the user doubles the width
 JOBS = {
     "container": ["train_container"],

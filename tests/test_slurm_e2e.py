@@ -138,7 +138,7 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
         assert text.index(doctor_line) < text.index("training finished")
         assert "old spelling" not in text, "the job script calls a command the old way"
         resolved = tomllib.loads((sub.run_dir / "config.toml").read_text())
-        assert resolved["dataset"] == str(alias) and resolved["preset"] == "tiny"
+        assert resolved["dataset"] == str(alias) and resolved["gpt"]["preset"] == "tiny"
         assert re.search(rf"INFO settings from {re.escape(str(config))}: [^;]*\bdataset\b", text)
         check_log_path(sub, job)
         check_ranks_trained(sub, max_steps=40)

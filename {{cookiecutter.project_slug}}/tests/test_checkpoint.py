@@ -363,10 +363,11 @@ def test_an_exported_gpt_records_its_architecture_not_the_presets_zeros(tmp_path
     out = checkpoint.export_model(run_dir, tmp_path / "model.safetensors")
     with safetensors_torch.safe_open(out, "pt") as f:
         config = json.loads(f.metadata()["config"])
-    built = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")}
+    built = {k: config["gpt"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
     # tiny's 2 layers and 2 heads, TINY's width and context, the synthetic tokens' vocabulary
-    assert built == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": 50257}
-    assert config["preset"] == "tiny" and config["model"] == "gpt"
+    assert built == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
+    assert config["vocab_size"] == 50257
+    assert config["gpt"]["preset"] == "tiny" and config["model"] == "gpt"
 
 
 def test_git_commit_never_fails_without_git(monkeypatch):

@@ -172,7 +172,7 @@ def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
     """What a rank sees when a peer hangs (gloo's message): one ERROR line, no traceback."""
     import {{ cookiecutter.package_name }}.train
 
-    def hung_peer(cfg):
+    def hung_peer(cfg, origins):
         raise RuntimeError(
             "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
             "20000ms for recv operation to complete"
@@ -191,7 +191,7 @@ def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
     ended in "ERROR failed" and a traceback; now one ERROR line naming the cause."""
     import {{ cookiecutter.package_name }}.train
 
-    def peer_killed(cfg):
+    def peer_killed(cfg, origins):
         raise RuntimeError(
             "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5787: "
             "Connection reset by peer. This is typically caused by a remote worker hanging or "
@@ -210,7 +210,7 @@ def test_a_signal_outside_trainings_own_handlers_is_one_line(monkeypatch, capsys
     handler (or one during start-up) printed KeyboardInterrupt's traceback."""
     import {{ cookiecutter.package_name }}.train
 
-    def interrupted(cfg):
+    def interrupted(cfg, origins):
         raise KeyboardInterrupt
 
     monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", interrupted)

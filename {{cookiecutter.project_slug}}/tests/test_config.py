@@ -8,29 +8,30 @@ from conftest import REPO, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import settings
-from {{ cookiecutter.package_name }}.config.files import read_toml
+from {{ cookiecutter.package_name }}.config.resume import check_resume, check_run_dir_config
 from {{ cookiecutter.package_name }}.config.settings import (
     GENERAL_KEYS,
     Config,
     ConfigError,
-    check_resume,
-    check_run_dir_config,
+    config_record,
     docs_table,
     load_config,
     save_config,
     to_toml,
 )
-from {{ cookiecutter.package_name }}.config_keys import key, keys_of
+from {{ cookiecutter.package_name }}.config_keys import key, keys_of, read_toml
 from {{ cookiecutter.package_name }}.models import spec_of
+from {{ cookiecutter.package_name }}.models.gpt import GPTKeys
+from {{ cookiecutter.package_name }}.models.mlp import MLPKeys
 
 
 def test_default_config_file_matches_the_declarations():
     """configs/default.toml spells out every general key and the default model's own keys,
     each at its declared default; `dataset` only in a comment, so that the job scripts'
     default (stdlib-bytes, below every file) applies when a job uses this file."""
-    cfg = load_config(REPO / "configs" / "default.toml")
+    cfg, _ = load_config(REPO / "configs" / "default.toml")
     assert cfg == Config(), "configs/default.toml should hold the declared defaults"
-    declared = [k.name for k in GENERAL_KEYS] + [k.name for k in spec_of(cfg).keys]
+    declared = [k.name for k in GENERAL_KEYS] + [k.name for k in keys_of(spec_of(cfg).keys)]
     assert sorted(read_toml(REPO / "configs" / "default.toml")) == sorted(
         set(declared) - {"dataset"}
     )
@@ -43,8 +44,9 @@ def test_a_config_files_dataset_beats_the_job_scripts_default(tmp_path, capsys, 
     job = ["--job-default", f"dataset={tmp_path / 'stdlib-bytes'}"]
     base = tmp_path / "base.toml"
     base.write_text('dataset = "synthetic"\nlr = 0.002\n')
-    assert load_config(None, [], job[1:]).dataset == str(tmp_path / "stdlib-bytes")
-    cfg = load_config([base], ["lr=0.003", "max_steps=2"], job[1:])
+    assert load_config(None, [], job[1:]).config.dataset == str(tmp_path / "stdlib-bytes")
+    cfg, origins = load_config([base], ["lr=0.003", "max_steps=2"], job[1:])
+    assert origins == {"dataset": str(base), "lr": "command line", "max_steps": "command line"}
     assert (cfg.dataset, cfg.lr) == ("synthetic", 0.003)
     run_dir = tmp_path / "run"
     tiny = [item for item in TINY if not item.startswith(("dataset=", "lr="))]
@@ -63,7 +65,7 @@ def test_a_config_files_dataset_beats_the_job_scripts_default(tmp_path, capsys, 
 def test_overrides_are_typed_by_the_fields(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('max_steps = 5\nlr = 1\nrun_dir = "a"\n')
-    cfg = load_config(path, ["lr=0.5", "compile=true", "run_dir=b", "checkpoint_every=30min"])
+    cfg, _ = load_config(path, ["lr=0.5", "compile=true", "run_dir=b", "checkpoint_every=30min"])
     assert (cfg.max_steps, cfg.lr, cfg.compile, cfg.run_dir) == (5, 0.5, True, "b")
     assert cfg.checkpoint_every == "30min" and isinstance(cfg.lr, float)
 
@@ -128,8 +130,8 @@ def test_bad_values_name_the_key_and_the_accepted_form(override, message):
     ("overrides", "message"),
     [
         (["lr=0.001", "min_lr=0.01"], r"'min_lr' \(0.01\) must not exceed 'lr' \(0.001\)"),
-        (["preset=tiny", "n_embd=65"], r"width 65 must be a multiple of the number of heads 2"),
-        (["n_head=5"], r"width 768 must be a multiple of the number of heads 5"),
+        (["preset=tiny", "n_embd=65"], r"n_embd \(65\) must be a multiple of n_head \(2\) \(pre"),
+        (["n_head=5"], r"n_embd \(768\) must be a multiple of n_head \(5\)"),
         (["model=mlp", "n_layer=2"], r"'n_layer' belongs to model gpt, but this run trains "),
         (["hidden_dim=8"], r"'hidden_dim' belongs to model mlp, but this run trains model=gpt"),
         (["model=mlp", "activation_checkpointing=true"], r"needs a model with repeated blocks"),
@@ -143,8 +145,8 @@ def test_relations_between_keys_are_checked_at_load(overrides, message):
 def test_the_default_config_file_serves_every_model():
     """Keys of another model at their defaults (configs/default.toml's GPT keys with
     `benchmark --size large`, model=mlp) are not refused."""
-    cfg = load_config(REPO / "configs" / "default.toml", ["model=mlp", "hidden_dim=32"])
-    assert (cfg.model, cfg.hidden_dim, cfg.preset) == ("mlp", 32, "gpt2-124m")
+    cfg, _ = load_config(REPO / "configs" / "default.toml", ["model=mlp", "hidden_dim=32"])
+    assert (cfg.model, cfg.mlp.hidden_dim, cfg.gpt.preset) == ("mlp", 32, "gpt2-124m")
 
 
 def test_bad_value_in_file_names_the_key(tmp_path):
@@ -165,14 +167,21 @@ def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
 
 
 def test_saved_config_round_trips(tmp_path):
-    cfg = load_config(None, ['run_dir=with "quotes"', "lr=0.25"])
+    cfg, _ = load_config(None, ['run_dir=with "quotes"', "lr=0.25", "n_embd=48"])
     (tmp_path / "c.toml").write_text(to_toml(cfg))
-    assert load_config(tmp_path / "c.toml") == cfg
+    assert load_config(tmp_path / "c.toml").config == cfg
+    assert to_toml(cfg).endswith(
+        '\n\n[gpt]\npreset = "gpt2-124m"\nn_layer = 0\nn_head = 0\n'
+        'n_embd = 48\nblock_size = 0\nbias = false\ngelu = "exact"\n'
+    )
+    assert "hidden_dim" not in to_toml(cfg)  # the run's model's table only
 
 
 def test_check_resume(caplog):
-    saved = Config().__dict__
-    check_resume(saved, Config(hidden_dim=7), 2, 2)  # a key of a model this run does not train
+    saved = config_record(Config())
+    check_resume(saved, Config(mlp=MLPKeys(hidden_dim=7)), 2, 2)  # a model this run does not train
+    with pytest.raises(ConfigError, match="n_layer: 0 -> 4"):
+        check_resume(saved, Config(gpt=GPTKeys(n_layer=4)), 2, 2)
     check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
     with pytest.raises(ConfigError, match="batch_size: 16 -> 64"):
         check_resume(saved, Config(batch_size=64), 2, 2)
@@ -189,15 +198,17 @@ def test_check_resume(caplog):
 
 
 def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):
-    save_config(load_config(None, ["preset=tiny"]), tmp_path / "config.toml")
-    mlp = load_config(None, ["model=mlp", "lr=0.001"])
+    save_config(load_config(None, ["preset=tiny"]).config, tmp_path / "config.toml")
+    assert '\n[gpt]\npreset = "tiny"\n' in (tmp_path / "config.toml").read_text()
+    mlp, _ = load_config(None, ["model=mlp", "lr=0.001"])
     with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
         check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
     assert "preset: 'tiny' -> 'gpt2-124m'" in str(err.value)  # the old model's keys as well
     assert "hidden_dim" not in str(err.value)  # at its default: unchanged
     assert "new run_dir" in str(err.value) and "\n" not in str(err.value)
     check_run_dir_config(mlp, tmp_path, has_checkpoints=False)  # nothing to continue
-    check_run_dir_config(load_config(None, ["preset=tiny", "log_every=1"]), tmp_path, True)
+    same, _ = load_config(None, ["gpt.preset=tiny", "log_every=1"])
+    check_run_dir_config(same, tmp_path, True)
     (tmp_path / "config.toml").write_text("not = [toml")
     check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
 
@@ -212,12 +223,13 @@ def test_cli_exit_status_2_and_message_for_config_errors(capsys):
 # ------------------------------------------------- keys declared beside the code that reads them
 def test_config_is_its_sections_and_the_models_keys():
     """The typed sections (an editor completes their fields) are the general keys, in the docs'
-    order; each is declared in a module of its concern, only the commands' own in settings."""
+    order, and a section per model under its name; each is declared in a module of its concern,
+    only the commands' own in settings."""
     general = [f.name for f in dataclasses.fields(settings.GeneralConfig)]
     assert sorted(general) == sorted(k.name for k in GENERAL_KEYS)
-    assert [f.name for f in dataclasses.fields(Config)] == general + [
-        name for name in settings.KEYS if name in settings.OWNERS
-    ]
+    models = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in general}
+    assert models == {"gpt": GPTKeys, "mlp": MLPKeys, "hf": settings.MODEL_SECTIONS["hf"]}
+    assert (Config().gpt, Config().mlp) == (GPTKeys(), MLPKeys())
     homes = {section.__name__: section.__module__ for section in settings.SECTIONS}
     assert {name for name, home in homes.items() if home == settings.__name__} == {
         "RunKeys",

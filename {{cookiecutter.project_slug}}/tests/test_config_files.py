@@ -16,26 +16,29 @@ def write(path, text):
 def test_config_files_merge_in_order(tmp_path):
     first = write(tmp_path / "a.toml", 'preset = "tiny"\nmax_steps = 40\nlr = 0.001\n')
     second = write(tmp_path / "b.toml", "max_steps = 7\n")
-    cfg = load_config([first, second], ["lr=0.5"])
-    assert (cfg.preset, cfg.max_steps, cfg.lr) == ("tiny", 7, 0.5)  # b over a, overrides last
-    assert load_config([second, first]).max_steps == 40  # the order decides
+    cfg, origins = load_config([first, second], ["lr=0.5"])
+    assert (cfg.gpt.preset, cfg.max_steps, cfg.lr) == ("tiny", 7, 0.5)  # b over a, overrides last
+    assert origins == {"preset": str(first), "max_steps": str(second), "lr": "command line"}
+    assert load_config([second, first]).config.max_steps == 40  # the order decides
 
 
 def test_extends_is_relative_to_the_file_and_the_file_wins(tmp_path):
     write(tmp_path / "base.toml", 'preset = "tiny"\nbatch_size = 8\nlr = 0.003\n')
     write(tmp_path / "mid" / "middle.toml", 'extends = "../base.toml"\nbatch_size = 4\n')
     leaf = write(tmp_path / "mid" / "deep" / "exp.toml", 'extends = "../middle.toml"\nlr = 0.1\n')
-    cfg = load_config(leaf)
-    assert (cfg.preset, cfg.batch_size, cfg.lr) == ("tiny", 4, 0.1)
+    cfg, _ = load_config(leaf)
+    assert (cfg.gpt.preset, cfg.batch_size, cfg.lr) == ("tiny", 4, 0.1)
 
 
 def test_the_example_experiment_is_tiny_plus_its_differences():
     experiment = REPO / "configs" / "experiments" / "tiny-wide.toml"
-    cfg = load_config(experiment)
-    tiny = load_config(REPO / "configs" / "tiny.toml")
+    cfg, _ = load_config(experiment)
+    tiny, _ = load_config(REPO / "configs" / "tiny.toml")
     changed = {k for k, v in vars(cfg).items() if getattr(tiny, k) != v}
-    assert changed == {"n_embd", "lr", "max_steps"}
-    assert cfg.preset == "tiny" and cfg != Config()
+    assert changed == {"gpt", "lr", "max_steps"}
+    changed_own = {k for k, v in vars(cfg.gpt).items() if getattr(tiny.gpt, k) != v}
+    assert changed_own == {"n_embd"}
+    assert cfg.gpt.preset == "tiny" and cfg != Config()
 
 
 def test_extends_cycle_and_missing_base_are_one_line_errors(tmp_path):
@@ -74,14 +77,14 @@ def test_repeated_config_and_mixed_order_train_and_record_the_resolved_config(
     argv = ["train", f"run_dir={run_dir}", "--config", str(base), *short]
     argv += ["--config", str(change), "checkpoint_every=0"]
     assert main(argv) == 0
-    recorded = load_config(run_dir / "config.toml")
+    recorded, _ = load_config(run_dir / "config.toml")
     assert recorded.max_steps == 2 and recorded.lr == 0.01  # exp.toml over base.toml, then TINY
     assert recorded.checkpoint_every == "0" and recorded.run_dir == str(run_dir)
 
 
 def test_the_finetune_example_is_gpt2s_architecture():
-    cfg = load_config(REPO / "configs" / "experiments" / "finetune-gpt2.toml")
-    assert (cfg.bias, cfg.gelu, cfg.preset, cfg.init_from) == (
+    cfg, _ = load_config(REPO / "configs" / "experiments" / "finetune-gpt2.toml")
+    assert (cfg.gpt.bias, cfg.gpt.gelu, cfg.gpt.preset, cfg.init_from) == (
         True,
         "tanh",
         "gpt2-124m",
@@ -93,9 +96,9 @@ def test_the_tiny_config_trains_a_second_model(tmp_path, single_process):
     """configs/tiny.toml keeps the GPT's own keys in [gpt]: they apply only to the GPT, so the
     same file trains model=mlp (it was refused: "preset belongs to model gpt")."""
     tiny = REPO / "configs" / "tiny.toml"
-    assert load_config(tiny).preset == "tiny"
-    mlp = load_config(tiny, ["model=mlp"])
-    assert (mlp.model, mlp.preset, mlp.batch_size) == ("mlp", Config().preset, 8)
+    assert load_config(tiny).config.gpt.preset == "tiny"
+    mlp, _ = load_config(tiny, ["model=mlp"])
+    assert (mlp.model, mlp.gpt.preset, mlp.batch_size) == ("mlp", Config().gpt.preset, 8)
     run = ["--config", str(tiny), "model=mlp", "dataset=synthetic", "device=cpu", "max_steps=2"]
     assert main([*run, f"run_dir={tmp_path / 'mlp'}"]) == 0
 
@@ -103,13 +106,14 @@ def test_the_tiny_config_trains_a_second_model(tmp_path, single_process):
 def test_model_tables_merge_and_yield_to_later_sources(tmp_path):
     write(tmp_path / "base.toml", 'lr = 0.003\n[gpt]\npreset = "tiny"\nn_embd = 32\n')
     child = write(tmp_path / "child.toml", 'extends = "base.toml"\n[gpt]\nn_embd = 48\n')
-    cfg = load_config(child)
-    assert (cfg.preset, cfg.n_embd, cfg.lr) == ("tiny", 48, 0.003)  # merged, the child's wins
+    cfg, _ = load_config(child)
+    assert (cfg.gpt.preset, cfg.gpt.n_embd, cfg.lr) == ("tiny", 48, 0.003)  # merged, child wins
     later = write(tmp_path / "later.toml", "n_embd = 16\n")
-    assert load_config([child, later]).n_embd == 16  # a later file's plain key
-    assert load_config(child, ["n_embd=64"]).n_embd == 64  # the command line
-    assert load_config(child, ["gpt.n_embd=80"]).n_embd == 80  # the table's spelling there too
-    assert load_config(child, ["model=mlp"]).n_embd == Config().n_embd  # not the GPT: ignored
+    assert load_config([child, later]).config.gpt.n_embd == 16  # a later file's plain key
+    assert load_config(child, ["n_embd=64"]).config.gpt.n_embd == 64  # the command line
+    assert load_config(child, ["gpt.n_embd=80"]).config.gpt.n_embd == 80  # the table's spelling
+    mlp, _ = load_config(child, ["model=mlp"])
+    assert mlp.gpt == Config().gpt  # not the GPT: its table is ignored
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ MLP = ["model=mlp", "synthetic_samples=120", "eval_samples=20", "num_features=3"
 
 
 def source_and_batches(rank=0, world=2, start_step=0, samples_seen=0, extra=()):
-    cfg = load_config(None, [*MLP, "grad_accum_steps=2", *extra])
-    source = data.open_source(cfg)
+    cfg, _ = load_config(None, [*MLP, "grad_accum_steps=2", *extra])
+    source = data.open_source(cfg, "arrays")  # model=mlp: a classifier
     return source, data.StepBatches(source, cfg, rank, world, start_step, samples_seen)
 
 
@@ -95,8 +95,8 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     assert np.array_equal(again[0], np.asarray(x)[:200])
     assert again[3] != fingerprint  # other contents, other fingerprint
 
-    cfg = load_config(None, ["model=mlp", f"dataset={out}", "eval_samples=50"])
-    source = data.open_source(cfg)
+    cfg, _ = load_config(None, ["model=mlp", f"dataset={out}", "eval_samples=50"])
+    source = data.open_source(cfg, "arrays")  # model=mlp: a classifier
     assert (source.split, source.info.num_features, source.info.fingerprint) == (
         250,
         5,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }} import models, parallel
 from {{ cookiecutter.package_name }}.data import shards, tokens
-from {{ cookiecutter.package_name }}.models import gpt
+from {{ cookiecutter.package_name }}.models import gpt, spec
 
 
 def tiny(**overrides) -> gpt.GPT:
@@ -118,29 +118,29 @@ def test_forward_shape_and_context_limit():
         model(torch.zeros(1, 65, dtype=torch.long))
 
 
-def test_lm_loss_is_float32_cross_entropy():
+def test_the_language_model_loss_is_float32_cross_entropy():
     logits = torch.randn(2, 5, 64).bfloat16()
     targets = torch.randint(0, 64, (2, 5))
-    loss = gpt.lm_loss(logits, targets)
+    loss = spec.LANGUAGE_MODEL.loss(logits, targets)
     assert loss.dtype == torch.float32
     expected = F.cross_entropy(logits.float().view(10, 64), targets.view(10))
     assert torch.allclose(loss, expected)
-    per_token = gpt.lm_loss(logits, targets, reduction="none")
-    assert per_token.shape == (2, 5) and torch.allclose(per_token.mean(), expected)
+    per_token = spec.LANGUAGE_MODEL.loss(logits, targets, reduction="none")
+    assert per_token.shape == (10,) and torch.allclose(per_token.mean(), expected)  # per token
 
 
 def test_sample_length_greedy_top_k_and_context_cropping():
     model = tiny(block_size=16).train()
     prompt = torch.tensor([list(b"def main(") * 3])  # 27 tokens: longer than the context
-    out = gpt.sample(model, prompt, 20, generator=torch.Generator().manual_seed(0))
+    out = spec.sample(model, prompt, 20, 16, generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, 47) and torch.equal(out[:, :27], prompt)
     assert model.training  # the mode is restored
-    greedy = gpt.sample(model, prompt, 20, temperature=0)
-    top1 = gpt.sample(model, prompt, 20, top_k=1, generator=torch.Generator().manual_seed(5))
+    greedy = spec.sample(model, prompt, 20, 16, temperature=0)
+    top1 = spec.sample(model, prompt, 20, 16, top_k=1, generator=torch.Generator().manual_seed(5))
     assert torch.equal(greedy, top1)
-    again = gpt.sample(model, prompt, 20, generator=torch.Generator().manual_seed(0))
+    again = spec.sample(model, prompt, 20, 16, generator=torch.Generator().manual_seed(0))
     assert torch.equal(out, again)
-    small = gpt.sample(model, prompt, 50, temperature=2.0, vocab_size=5)
+    small = spec.sample(model, prompt, 50, 16, temperature=2.0, vocab_size=5)
     assert small[:, 27:].max() < 5  # padding rows of the vocabulary are never sampled
 
 
@@ -154,7 +154,10 @@ def prefix_loss(model: gpt.GPT, x: torch.Tensor, y: torch.Tensor) -> float:
     """Mean next-token loss with each position predicted from its prefix alone (the model never
     sees a later token, whatever its attention does): how the model is used when sampling."""
     with torch.no_grad():
-        losses = [gpt.lm_loss(model(x[:, : t + 1])[:, -1], y[:, t]) for t in range(x.shape[1])]
+        losses = [
+            spec.LANGUAGE_MODEL.loss(model(x[:, : t + 1])[:, -1], y[:, t])
+            for t in range(x.shape[1])
+        ]
     return torch.stack(losses).mean().item()
 
 
@@ -182,7 +185,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
         x, y = data.train_batch(
             seed=0, step=step, micro=0, rank=0, batch_size=batch, block_size=block
         )
-        loss = gpt.lm_loss(model(x), y)
+        loss = spec.LANGUAGE_MODEL.loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -196,7 +199,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
     x, y = windows[:, :-1], windows[:, 1:]
     model.eval()
     with torch.no_grad():
-        teacher_forced = gpt.lm_loss(model(x), y).item()
+        teacher_forced = spec.LANGUAGE_MODEL.loss(model(x), y).item()
     honest = prefix_loss(model, x, y)
     unigram = unigram_entropy(val)
     print(

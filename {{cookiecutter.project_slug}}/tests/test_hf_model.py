@@ -215,7 +215,7 @@ from {{ cookiecutter.package_name }}.checkpoint.initial import load_initial_weig
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.distributed import process_group
 from {{ cookiecutter.package_name }}.train import build
-cfg = load_config(None, sys.argv[1:])
+cfg, _ = load_config(None, sys.argv[1:])
 with process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, device):
     run = build(cfg, env, device)
     memory = load_initial_weights(run.model, run.spec, cfg, run.source.info)[1]

@@ -88,7 +88,7 @@ def test_stop_policy_stops_before_the_end_time_and_saves_by_time():
 def test_stops_before_slurm_job_end_time_with_requeue_status(tmp_path, single_process, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 30))
     run_dir = tmp_path / "run"
-    cfg = load_config(
+    cfg, _ = load_config(
         None,
         [
             *TINY,

@@ -69,4 +69,4 @@ def test_bad_windows_are_config_errors(text):
 def test_profile_memory_without_a_window_is_a_config_error():
     with pytest.raises(ConfigError, match="'profile_memory' needs profile_steps=START:END"):
         load_config(None, ["profile_memory=true"])
-    assert load_config(None, ["profile_memory=true", "profile_steps=2:3"]).profile_memory
+    assert load_config(None, ["profile_memory=true", "profile_steps=2:3"]).config.profile_memory

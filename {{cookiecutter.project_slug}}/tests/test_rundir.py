@@ -51,7 +51,7 @@ def test_atomic_write_never_leaves_a_partial_file(tmp_path, monkeypatch):
 
 
 def test_a_config_that_cannot_be_written_leaves_no_temp_file(tmp_path, monkeypatch):
-    cfg = load_config(None, [*TINY, f"run_dir={tmp_path}"])
+    cfg, _ = load_config(None, [*TINY, f"run_dir={tmp_path}"])
     fail_writes(monkeypatch, tmp_path)
     with pytest.raises(OSError, match="No space left on device"):
         save_config(cfg, tmp_path / "config.toml")

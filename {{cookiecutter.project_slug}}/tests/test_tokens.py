@@ -389,17 +389,18 @@ def test_an_id_outside_the_vocabulary_in_a_batch_names_its_shard(tmp_path):
 
 
 def test_resume_compares_datasets_by_fingerprint_not_path_spelling(caplog):
-    from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, check_resume
+    from {{ cookiecutter.package_name }}.config.resume import check_resume
+    from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, config_record
 
-    saved = Config(dataset="data/x/")
+    saved = config_record(Config(dataset="data/x/"))
     for spelling in ("./data/x", "/abs/data/x", "data/x"):
-        check_resume(vars(saved), Config(dataset=spelling), 1, 1, "sha256:aa", "sha256:aa")
+        check_resume(saved, Config(dataset=spelling), 1, 1, "sha256:aa", "sha256:aa")
     with pytest.raises(ConfigError, match="dataset contents: fingerprint sha256:aa -> sha256:bb"):
-        check_resume(vars(saved), Config(dataset="data/x/"), 1, 1, "sha256:aa", "sha256:bb")
+        check_resume(saved, Config(dataset="data/x/"), 1, 1, "sha256:aa", "sha256:bb")
     with pytest.raises(ConfigError, match="dataset: 'data/x/' -> 'data/y'"):
-        check_resume(vars(saved), Config(dataset="data/y"), 1, 1, "sha256:aa", "sha256:bb")
+        check_resume(saved, Config(dataset="data/y"), 1, 1, "sha256:aa", "sha256:bb")
     forced = Config(dataset="data/y", force_resume=True, lr=1e-3)
-    check_resume(vars(saved), forced, 1, 1, "sha256:aa", "sha256:bb")
+    check_resume(saved, forced, 1, 1, "sha256:aa", "sha256:bb")
     (warning,) = [r.getMessage() for r in caplog.records if "force_resume" in r.getMessage()]
     assert "overrides 3 resume check(s)" in warning
     assert "dataset: 'data/x/' -> 'data/y'" in warning and "lr: 0.0006 -> 0.001" in warning

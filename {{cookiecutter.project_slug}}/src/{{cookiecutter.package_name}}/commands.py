@@ -85,7 +85,7 @@ def train(args: argparse.Namespace) -> int:
     from .config.settings import load_config
     from .train import train
 
-    return train(load_config(args.config, args.overrides, args.job_default))
+    return train(*load_config(args.config, args.overrides, args.job_default))
 
 
 def add_benchmark(cmd: argparse.ArgumentParser) -> None:
@@ -108,7 +108,7 @@ def benchmark(args: argparse.Namespace) -> int:
 
     extra = SIZES[args.size] + [f"model={args.model}"] * bool(args.model)
     extra += [f"preset={args.preset}"] * bool(args.preset)
-    return main(load_config(args.config, extra + args.overrides))
+    return main(load_config(args.config, extra + args.overrides).config)
 
 
 # --------------------------------------------------------------------------------------- doctor

@@ -7,13 +7,14 @@ A general key is a field of a small dataclass, a section, in the module that rea
         lr: float = key(6e-4, "AdamW peak learning rate", bounds=(0, 1e3), resume=True)
 
 config/settings.py collects the sections into one `Config` (an editor completes `cfg.lr`). A
-model declares its own keys as `Key(name, default, help, ...)` in its module under models/.
-Everything about a key is in its declaration: its type (that of the default), the values it
+model declares its own keys the same way, as a section in its module under models/ that its spec
+names (`GPTKeys`); a run's Config holds it under the model's name (`cfg.gpt.preset`). Everything
+about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
 docs table shows; validation, the defaults check of configs/default.toml and the docs table are
-derived from it. Beside the keys: the one parser of the `key=value` spelling, one-line error
-messages and the import of an optional package. This module imports nothing of the package, so
-every other one can use it.
+derived from it. Beside the keys: the one parser of the `key=value` spelling, the one reader of
+a TOML file, one-line error messages and the import of an optional package. This module imports
+nothing of the package, so every other one can use it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ import dataclasses
 import importlib
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 
 def first_line(err: BaseException) -> str:
@@ -44,6 +52,21 @@ def split_assignment(item: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ConfigError(f"{shown(item)} is not of the form key=value")
     return key.strip(), value.strip()
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """One TOML file's table, or a one-line ConfigError naming the file and the cause."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
 
 
 def optional_import(module: str, extra: str, purpose: str, error: type[Exception] = ConfigError):

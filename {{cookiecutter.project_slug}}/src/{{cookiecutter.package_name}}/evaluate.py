@@ -37,7 +37,7 @@ def evaluation_config(overrides: list[str]) -> Config:
         )
     if not run_dir.config.is_file():
         raise ConfigError(f"{run_dir.path}: no config.toml, not a run directory of this package")
-    cfg = load_config(
+    cfg, _ = load_config(
         run_dir.config, [f"{key}={value}" for key, value in pairs if key != "run_dir"]
     )
     return dataclasses.replace(cfg, run_dir=str(run_dir.path), init_from="", compile=False)

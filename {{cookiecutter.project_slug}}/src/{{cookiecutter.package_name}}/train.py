@@ -18,7 +18,8 @@ import torch
 
 from . import checkpoint, distributed, parallel
 from .checkpoint.initial import check_source, initial_source, load_initial_weights
-from .config.settings import Config, ConfigError, check_resume, check_run_dir_config, save_config
+from .config.resume import check_resume, check_run_dir_config
+from .config.settings import Config, ConfigError, config_record, save_config
 from .data import batches as data
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
@@ -90,7 +91,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
         enable_tf32()
     dtype = resolve_precision(cfg, device)
     spec = spec_of(cfg)
-    source = data.open_source(cfg, spec)
+    source = data.open_source(cfg, spec.task.data, spec.context_length(cfg))
     if data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu):
         source.to(device)
     memory = {"rss_before_build_gib": metrics.resident_gib()}
@@ -192,7 +193,7 @@ def main_rank() -> bool:
     return distributed.resolve_env().rank == 0
 
 
-def train(cfg: Config) -> int:
+def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
     if cfg.init_from and not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
         check_source(cfg.init_from, cfg.run_dir)  # refused before the run directory is touched
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
@@ -206,7 +207,7 @@ def train(cfg: Config) -> int:
     ):
         check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
         with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
-            return run_training(cfg, env, device, flag, lock)
+            return run_training(cfg, env, device, flag, lock, origins)
 
 
 def run_identity(cfg: Config) -> dict:
@@ -309,8 +310,9 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     )
 
 
-def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
-    """The run's checkpoints with the newest good one loaded, and the run recorded in them."""
+def open_checkpoints(run: Run, origins: dict[str, str] | None) -> checkpoint.CheckpointManager:
+    """The run's checkpoints with the newest good one loaded, and the run recorded in them and
+    in config.toml (with where its values came from: `origins`, load_config's)."""
     cfg, env = run.cfg, run.env
     run_dir = RunDir(cfg.run_dir)
     ckpt = checkpoint.CheckpointManager(
@@ -324,7 +326,7 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
     resume(run, ckpt)
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
-        config=dataclasses.asdict(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
+        config=config_record(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
         world_size=env.world_size,
         data_fingerprint=run.source.info.fingerprint,
         git_commit=checkpoint.git_commit(),
@@ -332,7 +334,7 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
     )
     if env.is_main:
         with reported(f"cannot write {run_dir.config}"):
-            save_config(cfg, run_dir.config)
+            save_config(cfg, run_dir.config, origins)
     return ckpt
 
 
@@ -350,10 +352,12 @@ def record_written(done: list, schedule: preemption.CheckpointSchedule, meter) -
         )
 
 
-def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) -> int:
+def run_training(
+    cfg: Config, env: DistEnv, device: torch.device, flag, lock, origins: dict[str, str] | None
+) -> int:
     run_dir = RunDir(cfg.run_dir)
     run = build(cfg, env, device)
-    ckpt = open_checkpoints(run)
+    ckpt = open_checkpoints(run, origins)
     start = run.state.step
     eval_set = run.source.eval_batches(cfg.batch_size, env.rank, env.world_size, cfg.eval_batches)
     batches, inputs = input_pipeline(run, cfg.max_steps)

@@ -121,7 +121,7 @@ def as_built(config: dict) -> dict:
     dataset's" (ModelSpec.architecture): the exported file alone says what it holds."""
     if not isinstance(config.get("data_info"), dict):
         return config  # not written by train.py: as saved
-    from ..config.settings import saved_config
+    from ..config.settings import config_record, saved_config
     from ..data.info import saved_data_info
     from ..models import spec_of
 
@@ -129,7 +129,7 @@ def as_built(config: dict) -> dict:
     spec = spec_of(cfg)
     if spec.architecture is None:
         return config
-    return config | spec.architecture(cfg, saved_data_info(config, "export"))
+    return config | config_record(spec.architecture(cfg, saved_data_info(config, "export")))
 
 
 def git_commit() -> str | None:

@@ -10,34 +10,13 @@ come after all of them (`config.settings.load_config`).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config_keys import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
+from ..config_keys import ConfigError, read_toml
 
 EXTENDS = "extends"
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """One TOML file's table, or a one-line ConfigError naming the file and the cause."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
 
 
 def read_file(

@@ -2,11 +2,14 @@
 
 Each config key is declared once, next to the code that reads it (config_keys.py shows how): a
 section per module (`OptimizerKeys` in optim.py, `DataKeys` in data/batches.py, ...; SECTIONS
-below lists them) and each model's own keys in its module under models/. `Config` is assembled
-from those declarations, and so are validation, the defaults check of `configs/default.toml`
-(tests/test_config.py) and the table of keys in `docs/training.md` (`docs_table`). Adding a
-general key: its line in a section and in configs/default.toml, then `python -m <package> keys`
-prints the new docs table.
+below lists them) and a section per model in its module under models/ (`GPTKeys`), which a
+Config holds under the model's name (`cfg.gpt.preset`). `Config` is assembled from those
+declarations, and so are validation, the defaults check of `configs/default.toml`
+(tests/test_config.py) and the table of keys in `docs/training.md` (`docs_table`). A model's key
+is also known by its name alone (`preset=tiny`, the same as `gpt.preset=tiny`): it applies to the
+run's model, and set for another model it is refused. Adding a general key: its line in a
+section and in configs/default.toml, then `python -m <package> keys` prints the new docs table.
+Whether a run may continue with a config is config/resume.py's.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..config_keys import AUTO, ConfigError, Key, key, keys_of, not_empty
+from ..config_keys import AUTO, ConfigError, Key, key, keys_of, not_empty, split_assignment
 from ..data.batches import DataKeys
 from ..distributed import DistributedKeys
 from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
@@ -28,14 +31,13 @@ from ..optim import OptimizerKeys
 from ..parallel import ParallelKeys
 from ..run.atomic import atomic_write_text
 from ..run.preemption import CheckpointKeys, PreemptionKeys
-from ..run.rundir import RunDir
 from ..telemetry.metrics import TelemetryKeys
 from ..telemetry.profiling import ProfilingKeys, check_profile_keys
-from .files import read_file, read_toml
+from .files import read_file
 
 log = logging.getLogger(__name__.split(".")[0])
 
-__all__ = ["Config", "ConfigError", "load_config", "check_resume", "save_config", "to_toml"]
+__all__ = ["Config", "ConfigError", "Loaded", "load_config", "save_config", "to_toml"]
 
 
 # fmt: off
@@ -79,47 +81,64 @@ class GeneralConfig(
 
 SECTIONS: tuple[type, ...] = GeneralConfig.__bases__
 GENERAL_KEYS: tuple[Key, ...] = tuple(k for section in SECTIONS for k in keys_of(section))
+GENERAL: dict[str, Key] = {general.name: general for general in GENERAL_KEYS}
+# Each model's own section (spec.keys), by model name: its field name in a Config.
+MODEL_SECTIONS: dict[str, type] = {name: s.keys for name, s in MODELS.items() if s.keys}
+OWN_KEYS: dict[str, tuple[Key, ...]] = {name: keys_of(s) for name, s in MODEL_SECTIONS.items()}
+MODEL_KEYS: dict[str, Key] = {name: own for name, (own, _) in model_keys().items()}
+OWNERS: dict[str, list[str]] = {name: owners for name, (_, owners) in model_keys().items()}
 
 
 def _all_keys() -> dict[str, Key]:
-    """Every key in the order of the docs table: the models' own keys after `model`."""
+    """Every key by the name `key=value` gives it, in the order of the docs table: the models'
+    own keys after `model`. A model and its keys must not take a general key's name, nor a
+    model's key a model's name (`name=value` would mean two things)."""
+    clashes = sorted((set(MODEL_KEYS) | set(MODELS)) & set(GENERAL) | set(MODEL_KEYS) & set(MODELS))
+    if clashes:
+        raise ImportError(f"{clashes[0]!r} names a model or a model's key and another key too")
     keys: dict[str, Key] = {}
     for general in GENERAL_KEYS:
         keys[general.name] = general
         if general.name == "model":
-            keys.update({name: own for name, (own, _) in model_keys().items()})
+            keys.update(MODEL_KEYS)
     return keys
 
 
 KEYS: dict[str, Key] = _all_keys()
-OWNERS: dict[str, list[str]] = {name: owners for name, (_, owners) in model_keys().items()}
 
 if TYPE_CHECKING:
     Config = GeneralConfig
-else:  # the registered models' own keys join at import: a model is one module and one line
+else:
+    # The one step the registry drives at import: a field per model with keys, named after the
+    # model and holding its section (`cfg.gpt: GPTKeys`), so that adding a model stays one
+    # module and one line. A type checker sees the general keys here; a model's code reads its
+    # own section typed, `own: GPTKeys = cfg.gpt`.
     Config = dataclasses.make_dataclass(
         "Config",
-        [(n, k.type, dataclasses.field(default=k.default)) for n, k in KEYS.items() if n in OWNERS],
+        [
+            (name, own, dataclasses.field(default_factory=own))
+            for name, own in MODEL_SECTIONS.items()
+        ],
         bases=(GeneralConfig,),
     )
     Config.__module__ = __name__  # pickle and repr find it here (make_dataclass's module= 3.12+)
-    Config.__doc__ = "The values of every config key: the general ones and every model's own."
+    Config.__doc__ = "The values of every config key: the general ones and each model's section."
 
 
 def parse_value(key: str, value: Any) -> Any:
     """Convert a TOML value or a command-line string to the type of key `key`, checked. A key
     of a model's table in a config file comes as "<model>.<key>"."""
     model, dot, own = key.partition(".")
-    if dot and key not in KEYS:
+    if dot:
         if model not in MODELS:
             raise ConfigError(f"table [{model[:60]}] is not a model; models: {', '.join(MODELS)}")
-        if own not in OWNERS or model not in OWNERS[own]:
-            mine = [name for name, owners in OWNERS.items() if model in owners]
+        declared = {k.name: k for k in OWN_KEYS.get(model, ())}
+        if own not in declared:
             raise ConfigError(
                 f"[{model}] {own[:60]!r} is not a key of model {model}; its keys: "
-                f"{', '.join(mine) or 'none'}"
+                f"{', '.join(declared) or 'none'}"
             )
-        return KEYS[own].parse(value)
+        return declared[own].parse(value)
     if key not in KEYS:
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=3, cutoff=0.7)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
@@ -128,24 +147,37 @@ def parse_value(key: str, value: Any) -> Any:
     return KEYS[key].parse(value)
 
 
-def resume_keys(cfg) -> list[str]:
-    """The keys that must match for a checkpoint to continue: the general ones and those of the
-    run's model."""
-    own = {key.name for key in spec_of(cfg).keys}
-    return [n for n, k in KEYS.items() if k.resume and (n not in OWNERS or n in own)]
+def config_from(values: dict[str, Any]) -> Config:
+    """A Config from values by key name (as `key=value` names them). A model's key goes into
+    the section of the run's model when that declares it, else into its first owner's, where
+    `validate` refuses a value other than the declared default."""
+    model = values.get("model", DEFAULT_MODEL)
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if name in OWNERS:
+            owner = model if model in OWNERS[name] else OWNERS[name][0]
+            sections.setdefault(owner, {})[name] = value
+    general = {name: value for name, value in values.items() if name in GENERAL}
+    return Config(**general, **{m: MODEL_SECTIONS[m](**own) for m, own in sections.items()})
 
 
 def validate(cfg) -> Config:
     """Each value against its declaration, then the relations between keys."""
-    for declared in KEYS.values():
+    for declared in GENERAL_KEYS:
         declared.validate(getattr(cfg, declared.name))
     spec = spec_of(cfg)
-    for name, owners in OWNERS.items():
-        if cfg.model not in owners and getattr(cfg, name) != KEYS[name].default:
-            raise ConfigError(
-                f"config key {name!r} belongs to model {' and '.join(owners)}, but this run "
-                f"trains model={cfg.model}; remove it or set model={owners[0]}"
-            )
+    for model, own_keys in OWN_KEYS.items():
+        section = getattr(cfg, model)
+        for declared in own_keys:
+            value = getattr(section, declared.name)
+            if model == cfg.model:
+                declared.validate(value)
+            elif value != declared.default:
+                owners = OWNERS[declared.name]
+                raise ConfigError(
+                    f"config key {declared.name!r} belongs to model {' and '.join(owners)}, but "
+                    f"this run trains model={cfg.model}; remove it or set model={owners[0]}"
+                )
     check_profile_keys(cfg.profile_steps, cfg.profile_memory)
     if cfg.min_lr > cfg.lr:
         raise ConfigError(
@@ -164,16 +196,25 @@ def validate(cfg) -> Config:
     return cfg
 
 
+class Loaded(NamedTuple):
+    """What load_config returns: the Config, and where each value that is not a declared default
+    came from (key -> "command line", a file's path or "job script default"), in the order the
+    sources apply. Kept beside the Config, not in it: a Config holds config keys only (it is
+    compared, saved and printed as such)."""
+
+    config: Config
+    origins: dict[str, str]
+
+
 def load_config(
     path: str | Path | Sequence[str | Path] | None,
     overrides: Sequence[str] = (),
     job_defaults: Sequence[str] = (),
-) -> Config:
+) -> Loaded:
     """Declared defaults <- a job script's defaults (`--job-default key=value`, e.g. its dataset)
     <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. In each, the
     table of the model the run trains (`[gpt]`, or `gpt.preset=...`) counts as its own keys;
-    other models' tables are ignored. The Config remembers where each value that is not a
-    declared default came from (`origins`)."""
+    other models' tables are ignored."""
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
 
@@ -193,40 +234,26 @@ def load_config(
     for origin, layer in layers:
         flat = {key: value for key, value in layer.items() if not isinstance(value, dict)}
         take(flat | layer.get(model, {}), origin)
-    cfg = validate(Config(**values))
-    global _last_loaded
-    _last_loaded = (cfg, origins)
-    return cfg
-
-
-# Where the values of the Config load_config returned last came from: kept beside it, not in it
-# (a Config holds config keys only; it is compared, saved and printed as such).
-_last_loaded: tuple[Config | None, dict[str, str]] = (None, {})
+    return Loaded(validate(config_from(values)), origins)
 
 
 def parse_items(items: Sequence[str]) -> dict[str, Any]:
-    values = {}
+    """`key=value` items -> values; `gpt.preset=tiny` into the model's table, as in a file."""
+    values: dict[str, Any] = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        key = key.strip()
-        parsed = parse_value(key, value.strip())
-        if "." in key and key not in KEYS:  # gpt.preset=tiny: the model's table
-            model, _, own = key.partition(".")
+        key, value = split_assignment(item)
+        parsed = parse_value(key, value)
+        model, dot, own = key.partition(".")
+        if dot:
             values.setdefault(model, {})[own] = parsed
         else:
             values[key] = parsed
     return values
 
 
-def describe_origins(cfg: Config) -> str | None:
+def describe_origins(origins: dict[str, str]) -> str:
     """Where the values came from, one group per source in the order they apply (load_config
-    moves a key to the end when a later source sets it again); None for a Config that
-    load_config did not make (one built in Python)."""
-    loaded, origins = _last_loaded
-    if loaded is not cfg:
-        return None
+    moves a key to the end when a later source sets it again)."""
     groups: dict[str, list[str]] = {}
     for name, origin in origins.items():
         groups.setdefault(origin, []).append(name)
@@ -242,16 +269,37 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
+def config_record(cfg: Config) -> dict[str, Any]:
+    """What a run records of its config (config.toml, each checkpoint): the general keys in the
+    order of the docs table, then its model's own as a table named after the model (`[gpt]`).
+    Other models' keys are at their defaults (`validate`), so they are left out."""
+    values: dict[str, Any] = {name: getattr(cfg, name) for name in GENERAL}
+    if cfg.model in MODEL_SECTIONS:
+        values[cfg.model] = dataclasses.asdict(getattr(cfg, cfg.model))
+    return values
+
+
 def saved_config(values: dict) -> Config:
-    """The Config a checkpoint records (its values; keys this version does not know dropped)."""
-    known = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in values.items() if k in known})
+    """The Config a run recorded (config_record's form); keys this version does not know are
+    dropped."""
+    sections = {}
+    for model, section in MODEL_SECTIONS.items():
+        table = values.get(model)
+        if isinstance(table, dict):
+            known = {f.name for f in dataclasses.fields(section)}
+            sections[model] = section(**{k: v for k, v in table.items() if k in known})
+    general = {name: value for name, value in values.items() if name in GENERAL}
+    return Config(**general, **sections)
 
 
-def to_toml(cfg: Config | dict) -> str:
-    """`key = value` lines; a Config's in the order of the docs table."""
-    values = {name: getattr(cfg, name) for name in KEYS} if isinstance(cfg, Config) else cfg
-    return "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
+def to_toml(cfg: Config) -> str:
+    """`key = value` lines in the order of the docs table, then the run's model's table."""
+    values = config_record(cfg)
+    plain = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
+    lines = [f"{key} = {toml_value(value)}\n" for key, value in plain]
+    for table, own in ((k, v) for k, v in values.items() if isinstance(v, dict)):
+        lines += [f"\n[{table}]\n", *(f"{key} = {toml_value(v)}\n" for key, v in own.items())]
+    return "".join(lines)
 
 
 CONFIG_HEADER = "# resolved configuration of this run, written at start; checksum "
@@ -261,15 +309,16 @@ def config_checksum(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def save_config(cfg: Config, path: Path) -> None:
+def save_config(cfg: Config, path: Path, origins: dict[str, str] | None = None) -> None:
     """Written atomically: a run directory never holds half a config (nor a temp file). The
     header's checksum tells a config.toml edited by hand from the one the run wrote. Where each
-    value came from is logged (once per start: only the main rank saves) and kept as a comment."""
+    value came from (`origins`, from load_config) is logged (once per start: only the main rank
+    saves) and kept as a comment."""
     body = to_toml(cfg)
-    origins = describe_origins(cfg)
     if origins is not None:
-        log.info("settings from %s", origins)
-        body = f"# where the values came from: {origins}\n{body}"
+        described = describe_origins(origins)
+        log.info("settings from %s", described)
+        body = f"# where the values came from: {described}\n{body}"
     atomic_write_text(path, f"{CONFIG_HEADER}{config_checksum(body)}\n{body}")
 
 
@@ -277,102 +326,6 @@ def edited_by_hand(path: Path) -> bool:
     """Whether the run's config.toml is no longer the one it wrote (see save_config)."""
     header, _, body = path.read_text(errors="replace").partition("\n")
     return header != CONFIG_HEADER + config_checksum(body)
-
-
-def changed_keys(saved: dict, cfg: Config, same_data: bool = False) -> list[str]:
-    """`key: old -> new` for each resume-relevant key that differs (the keys of both models
-    when the model changed). `same_data`: the dataset is the same whatever its path's spelling."""
-    names = resume_keys(cfg)
-    if saved.get("model") in MODELS and saved.get("model") != cfg.model:
-        old = resume_keys(dataclasses.replace(cfg, model=saved["model"]))
-        names += [n for n in old if n not in names]
-    return [
-        f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}"
-        for key in names
-        if saved.get(key) != getattr(cfg, key) and not (key == "dataset" and same_data)
-    ]
-
-
-def refuse_or_warn(changed: list[str], cfg: Config, what: str) -> None:
-    if not changed:
-        return
-    message = f"{what} was written with a different configuration: " + "; ".join(changed)
-    if not cfg.force_resume:
-        raise ConfigError(
-            f"{message}. Either use a new run_dir, or restore the values to continue this run "
-            "(force_resume=true continues anyway)."
-        )
-    log.warning(
-        "force_resume=true overrides %d resume check(s) of %s: %s",
-        len(changed),
-        what,
-        "; ".join(changed),
-    )
-
-
-def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> None:
-    """Before any checkpoint is read: refuse to continue the checkpoints of `run_dir` with a
-    changed model or resume-relevant key, comparing with the run's `config.toml`."""
-    path = RunDir.of(run_dir).config
-    if not has_checkpoints or not path.is_file():
-        return
-    try:
-        saved = read_toml(path)
-        edited = edited_by_hand(path)
-    except ConfigError as err:  # the checkpoint's own record is still compared after loading
-        log.warning("%s; comparing the config with the checkpoint's record instead", err)
-        return
-    if edited:  # the checkpoint's record decides alone, so there is one answer, not two
-        log.warning(
-            "%s was edited after the run wrote it; comparing the config with the checkpoint's "
-            "record instead (its values are the run's; the run rewrites config.toml)",
-            path,
-        )
-        return
-    # data/x/, ./data/x and /abs/data/x are one dataset (its contents are compared after loading)
-    same_data = same_path(saved.get("dataset"), cfg.dataset)
-    refuse_or_warn(changed_keys(saved, cfg, same_data), cfg, f"the run in {run_dir}")
-
-
-def same_path(a: object, b: str) -> bool:
-    return isinstance(a, str) and (a == b or Path(a).resolve() == Path(b).resolve())
-
-
-def check_resume(
-    saved: dict,
-    cfg: Config,
-    saved_world: int,
-    world: int,
-    saved_fingerprint: str | None = None,
-    fingerprint: str | None = None,
-) -> None:
-    """Refuse to continue a checkpoint with settings or data that make it a different run.
-
-    A different world size is allowed (checkpoints reshard): the global batch then changes,
-    which the log says.
-    """
-    # the same data under another spelling of its path (data/x/, ./data/x, absolute) is the same
-    same_data = bool(saved_fingerprint) and saved_fingerprint == fingerprint
-    changed = changed_keys(saved, cfg, same_data)
-    if saved_fingerprint and fingerprint and saved_fingerprint != fingerprint:
-        why = (
-            f"the files at {cfg.dataset} were rewritten"
-            if same_path(saved.get("dataset"), cfg.dataset)
-            else f"another dataset: {saved.get('dataset')} -> {cfg.dataset}"
-        )
-        changed.append(
-            f"dataset contents: fingerprint {saved_fingerprint[:12]} -> {fingerprint[:12]} ({why})"
-        )
-    if saved_world != world:
-        log.warning(
-            "world size %d -> %d: the checkpoint is resharded; the global batch changes from "
-            "%d to %d samples per step",
-            saved_world,
-            world,
-            saved_world * cfg.batch_size * cfg.grad_accum_steps,
-            world * cfg.batch_size * cfg.grad_accum_steps,
-        )
-    refuse_or_warn(changed, cfg, "the checkpoint")
 
 
 def docs_table() -> str:

@@ -135,14 +135,11 @@ class TokenSource:
         return self.dataset.val_batches(batch_size, self.block_size, rank, world, max_batches)
 
 
-def open_source(cfg, spec=None):
+def open_source(cfg, kind: str, context_length: int = 0):
     """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory), of the kind
-    the model's task reads (`spec`: the run's models.spec.ModelSpec, by default cfg.model's)."""
-    if spec is None:
-        from ..models import spec_of
-
-        spec = spec_of(cfg)
-    if spec.task.data == "tokens":
+    the model's task reads (`kind`: "tokens" or "arrays", models.spec.Task.data); a language
+    model reads windows of its `context_length` tokens (+1 for the targets)."""
+    if kind == "tokens":
         from . import tokens
 
         if cfg.dataset == "synthetic":
@@ -150,7 +147,7 @@ def open_source(cfg, spec=None):
             dataset = tokens.TokenDataset.synthetic(vocab, SYNTHETIC_TOKENS, cfg.seed)
         else:
             dataset = tokens.TokenDataset.open(Path(cfg.dataset))
-        return TokenSource(dataset, spec.context_length(cfg), cfg.seed)
+        return TokenSource(dataset, context_length, cfg.seed)
     if cfg.dataset == "synthetic":
         x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
         fingerprint = f"synthetic:{cfg.synthetic_samples}x{cfg.num_features}:{cfg.num_classes}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..config_keys import ConfigError, Key, key
+from ..config_keys import ConfigError, Key, key, keys_of
 from .spec import ModelSpec
 
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
@@ -54,14 +54,15 @@ def spec_of(cfg) -> ModelSpec:
 
 def model_keys() -> dict[str, tuple[Key, list[str]]]:
     """Every model's own config keys: name -> (declaration, the models that declare it). Two
-    models may share a key by using the same `Key` object (import it from the other module)."""
+    models may share a key by declaring it alike (e.g. one section subclassing the other's): the
+    short spelling `name=value` and the docs table know a key by its name alone."""
     keys: dict[str, tuple[Key, list[str]]] = {}
     for name, model_spec in MODELS.items():
-        for own in model_spec.keys:
+        for own in keys_of(model_spec.keys) if model_spec.keys else ():
             if own.name in keys and keys[own.name][0] != own:
                 raise ImportError(
                     f"config key {own.name!r} is declared differently by models "
-                    f"{', '.join(keys[own.name][1])} and {name}; rename one or share the Key"
+                    f"{', '.join(keys[own.name][1])} and {name}; rename one or declare it alike"
                 )
             keys.setdefault(own.name, (own, []))[1].append(name)
     return keys

@@ -10,14 +10,14 @@ activation-checkpoint the model block by block.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config_keys import ConfigError, Key
+from ..config_keys import ConfigError, key
 from . import gpt_hf, spec
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ PRESETS: dict[str, dict] = {
     "gpt2-1.3b": {"n_layer": 24, "n_head": 32, "n_embd": 2048, "block_size": 1024},
 }
 
+GELU = ("exact", "tanh")  # the MLP's GELU: exact (erf), or tanh (GPT-2's approximation)
 VOCAB_MULTIPLE = 64  # embedding rows padded to a multiple of 64: faster matmuls on tensor cores
 
 
@@ -57,8 +58,8 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPT dropout must be in [0, 1), got {self.dropout!r}")
-        if self.gelu not in ("exact", "tanh"):
-            raise ValueError(f"GPT gelu must be 'exact' or 'tanh', got {self.gelu!r}")
+        if self.gelu not in GELU:
+            raise ValueError(f"GPT gelu must be one of {', '.join(GELU)}, got {self.gelu!r}")
 
 
 def padded_vocab(vocab_size: int) -> int:
@@ -78,8 +79,6 @@ def gpt_config(preset: str, vocab_size: int, **overrides) -> GPTConfig:
             raise ValueError(f"unknown GPT setting {name!r}; accepted: {', '.join(allowed)}")
         if value not in (0, None):
             values[name] = value
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"GPT vocab_size must be a positive integer, got {vocab_size!r}")
     return GPTConfig(**values, vocab_size=padded_vocab(vocab_size))
 
 
@@ -175,15 +174,6 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross entropy in nats, computed in float32 (also for bf16 logits).
-    reduction="none" returns one loss per token, shaped like `targets`."""
-    loss = F.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
-    )
-    return loss.view(targets.shape) if reduction == "none" else loss
-
-
 def num_params(model: nn.Module, exclude_position_embeddings: bool = True) -> int:
     """Number of parameters (the tied embedding counted once), by default without the position
     embeddings, as in the FLOPs count. Works on wrapped models (DDP, FSDP2, torch.compile)."""
@@ -206,76 +196,62 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6.0 * n_params + 12.0 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-def sample(model: GPT, idx: torch.Tensor, max_new_tokens: int, *args, **kwargs) -> torch.Tensor:
-    """`spec.sample` with the model's own context length (see there for the arguments)."""
-    return spec.sample(model, idx, max_new_tokens, model.config.block_size, *args, **kwargs)
-
-
 # ----------------------------------------------------------------- what the training loop uses
-KEYS = (
-    Key(
-        "preset",
-        "gpt2-124m",
-        "sizes for the keys below left at 0; tiny trains on a CPU in seconds",
-        choices=tuple(PRESETS),
-        resume=True,
-    ),
-    Key("n_layer", 0, "transformer blocks (0: the preset's)", bounds=(0, 1024), resume=True),
-    Key("n_head", 0, "attention heads (0: the preset's)", bounds=(0, 1024), resume=True),
-    Key(
-        "n_embd", 0, "width, a multiple of n_head (0: the preset's)", bounds=(0, 65536), resume=True
-    ),
-    Key(
-        "block_size",
-        0,
-        "context length in tokens (0: the preset's)",
-        bounds=(0, 2**20),
-        resume=True,
-    ),
-    Key("bias", False, "biases in the linear layers and LayerNorms (GPT-2: true)", resume=True),
-    Key(
-        "gelu",
-        "exact",
-        "the MLP's GELU: exact, or tanh (GPT-2's approximation)",
-        choices=("exact", "tanh"),
-        resume=True,
-    ),
-)
+# fmt: off
+@dataclass
+class GPTKeys:
+    """The GPT's own config keys: `cfg.gpt` of a run's config (`[gpt]` in a config file,
+    `gpt.preset=...` or `preset=...` on the command line). Every field but `preset` is a
+    GPTConfig setting of the same name (0: the preset's)."""
+
+    preset: str = key("gpt2-124m", "sizes for the keys below left at 0; tiny trains on a CPU in "
+                      "seconds", choices=tuple(PRESETS), resume=True)
+    n_layer: int = key(0, "transformer blocks (0: the preset's)", bounds=(0, 1024), resume=True)
+    n_head: int = key(0, "attention heads (0: the preset's)", bounds=(0, 1024), resume=True)
+    n_embd: int = key(0, "width, a multiple of n_head (0: the preset's)", bounds=(0, 65536),
+                      resume=True)
+    block_size: int = key(0, "context length in tokens (0: the preset's)", bounds=(0, 2**20),
+                          resume=True)
+    bias: bool = key(False, "biases in the linear layers and LayerNorms (GPT-2: true)",
+                     resume=True)
+    gelu: str = key("exact", "the MLP's GELU: exact, or tanh (GPT-2's approximation)",
+                    choices=GELU, resume=True)
+# fmt: on
 
 
-def sizes(cfg) -> dict:
-    """The preset's sizes with the config's overrides (0 keeps the preset's)."""
-    values = dict(PRESETS[cfg.preset])
-    for name in values:
-        values[name] = getattr(cfg, name) or values[name]
-    return values
+def config_of(cfg, info: DataInfo | None = None) -> GPTConfig:
+    """The GPT of a run: its preset with the config's sizes over it and the dataset's vocabulary
+    (derived here only). Without `info` the vocabulary is a stand-in: the config check and the
+    context length read only the sizes, which do not depend on it."""
+    own: GPTKeys = cfg.gpt
+    vocab_size = VOCAB_MULTIPLE
+    if info is not None:
+        if cfg.vocab_size and cfg.vocab_size < info.vocab_size:
+            raise ConfigError(
+                f"config key 'vocab_size' is {cfg.vocab_size} but the dataset's tokens go up to "
+                f"{info.vocab_size}; use 0 (the dataset's) or a larger value"
+            )
+        vocab_size = cfg.vocab_size or info.vocab_size
+    settings = asdict(own)
+    return gpt_config(settings.pop("preset"), vocab_size, **settings, dropout=cfg.dropout)
 
 
 def check(cfg) -> None:
-    n_embd, n_head = sizes(cfg)["n_embd"], sizes(cfg)["n_head"]
-    if n_embd % n_head:
-        raise ConfigError(
-            f"config keys 'n_embd' and 'n_head': the width {n_embd} must be a multiple of the "
-            f"number of heads {n_head} (preset {cfg.preset!r}: n_embd "
-            f"{PRESETS[cfg.preset]['n_embd']}, n_head {PRESETS[cfg.preset]['n_head']})"
-        )
+    """The GPTConfig's own checks on the config's sizes, at load time, with the preset's."""
+    try:
+        config_of(cfg)
+    except ValueError as err:
+        preset = cfg.gpt.preset
+        given = ", ".join(f"{name} {value}" for name, value in PRESETS[preset].items())
+        raise ConfigError(f"config keys of model gpt: {err} (preset {preset!r}: {given})") from None
 
 
-def config_of(cfg, info: DataInfo) -> GPTConfig:
-    """The GPT of a run: the config's sizes and the dataset's vocabulary (derived here only)."""
-    if cfg.vocab_size and cfg.vocab_size < info.vocab_size:
-        raise ConfigError(
-            f"config key 'vocab_size' is {cfg.vocab_size} but the dataset's tokens go up to "
-            f"{info.vocab_size}; use 0 (the dataset's) or a larger value"
-        )
-    return gpt_config(
-        cfg.preset,
-        cfg.vocab_size or info.vocab_size,
-        **sizes(cfg),
-        dropout=cfg.dropout,
-        bias=cfg.bias,
-        gelu=cfg.gelu,
-    )
+def as_built(cfg, info: DataInfo):
+    """The run's config with the sizes the model was built with in place of "0: the preset's",
+    and the dataset's vocabulary in place of vocab_size=0."""
+    built = config_of(cfg, info)
+    sizes = {name: getattr(built, name) for name in PRESETS[cfg.gpt.preset]}
+    return replace(cfg, vocab_size=cfg.vocab_size or info.vocab_size, gpt=replace(cfg.gpt, **sizes))
 
 
 def training_flops(cfg, model: nn.Module, info: DataInfo) -> float:
@@ -288,13 +264,13 @@ SPEC = spec.ModelSpec(
     name="gpt",
     task=spec.LANGUAGE_MODEL,
     build=lambda cfg, info: GPT(config_of(cfg, info)),
-    keys=KEYS,
-    context_length=lambda cfg: sizes(cfg)["block_size"],
+    keys=GPTKeys,
+    context_length=lambda cfg: config_of(cfg).block_size,
     blocks=lambda model: model.blocks,
     flops_per_sample=training_flops,
     check=check,
-    describe=lambda cfg: f"gpt:{cfg.preset}",
-    architecture=lambda cfg, info: sizes(cfg) | {"vocab_size": cfg.vocab_size or info.vocab_size},
+    describe=lambda cfg: f"gpt:{cfg.gpt.preset}",
+    architecture=as_built,
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
         load=lambda cfg, info, directory, expected: gpt_hf.load_dir(
             directory, config_of(cfg, info), cfg.vocab_size or info.vocab_size

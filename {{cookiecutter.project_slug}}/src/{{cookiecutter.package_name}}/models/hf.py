@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..config_keys import ConfigError, Key
+from ..config_keys import ConfigError
+from ..config_keys import key as config_key  # `key` names tensors below
 from . import spec
 
 if TYPE_CHECKING:
@@ -73,12 +75,12 @@ def _read_config(directory: str):
 
 def hf_config(cfg):
     """The transformers config of `hf_model` (read once per process), checked."""
-    if not cfg.hf_model:
+    if not cfg.hf.hf_model:
         raise ConfigError(
             "config key 'hf_model' is required with model=hf: a Hugging Face model directory "
             "(config.json and *.safetensors)"
         )
-    return _read_config(str(Path(cfg.hf_model).expanduser().resolve()))
+    return _read_config(str(Path(cfg.hf.hf_model).expanduser().resolve()))
 
 
 class HFCausalLM(nn.Module):
@@ -142,7 +144,7 @@ def training_flops(cfg, model: nn.Module, info: DataInfo) -> float:
     n_params = sum(p.numel() for p in model.parameters() if id(p) not in position)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    T = cfg.hf_context_length
+    T = cfg.hf.hf_context_length
     return (6.0 * n_params + 12.0 * config.num_hidden_layers * heads * head_dim * T) * T
 
 
@@ -151,9 +153,9 @@ def check(cfg) -> None:
     architecture, the context length, and keys model=hf does not use."""
     config = hf_config(cfg)
     longest = getattr(config, "max_position_embeddings", None)
-    if longest and cfg.hf_context_length > longest:
+    if longest and cfg.hf.hf_context_length > longest:
         raise ConfigError(
-            f"config key 'hf_context_length' is {cfg.hf_context_length} but hf_model reads at "
+            f"config key 'hf_context_length' is {cfg.hf.hf_context_length} but hf_model reads at "
             f"most {longest} tokens (max_position_embeddings in its config.json)"
         )
     if cfg.dropout:
@@ -163,31 +165,28 @@ def check(cfg) -> None:
         )
 
 
-KEYS = (
-    Key(
-        "hf_model",
-        "",
-        "a Hugging Face model directory (config.json, *.safetensors)",
-        resume=True,
-    ),
-    Key(
-        "hf_weights",
+@dataclass
+class HFKeys:
+    """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file)."""
+
+    hf_model: str = config_key(
+        "", "a Hugging Face model directory (config.json, *.safetensors)", resume=True
+    )
+    hf_weights: str = config_key(
         "pretrained",
         "start from hf_model's weights, or random ones of its architecture",
         choices=("pretrained", "random"),
-    ),
-    Key(
-        "hf_context_length",
+    )
+    hf_context_length: int = config_key(
         1024,
         "tokens per training window (at most max_position_embeddings)",
         bounds=(1, 2**20),
         resume=True,
-    ),
-)
+    )
 
 
 def describe(cfg) -> str:
-    return f"hf:{hf_config(cfg).model_type}:{Path(cfg.hf_model).name}"
+    return f"hf:{hf_config(cfg).model_type}:{Path(cfg.hf.hf_model).name}"
 
 
 def load_hf(cfg, info: DataInfo, directory, expected: dict) -> dict:
@@ -197,10 +196,10 @@ def load_hf(cfg, info: DataInfo, directory, expected: dict) -> dict:
     transformers' own loader (which knows each architecture's renamings)."""
     from ..checkpoint import hf_format
 
-    if Path(directory).resolve() != Path(cfg.hf_model).resolve():
+    if Path(directory).resolve() != Path(cfg.hf.hf_model).resolve():
         config = _read_config(str(Path(directory).resolve()))
         if config.to_dict() != hf_config(cfg).to_dict():
-            raise ValueError(f"its config.json is not hf_model's ({cfg.hf_model})")
+            raise ValueError(f"its config.json is not hf_model's ({cfg.hf.hf_model})")
     stored = hf_format.stored_tensors(Path(directory))
     found = {}
     for key in expected:
@@ -251,12 +250,12 @@ SPEC = spec.ModelSpec(
     name="hf",
     task=spec.LANGUAGE_MODEL,
     build=build,
-    keys=KEYS,
-    context_length=lambda cfg: cfg.hf_context_length,
+    keys=HFKeys,
+    context_length=lambda cfg: cfg.hf.hf_context_length,
     blocks=decoder_layers,
     flops_per_sample=training_flops,
     check=check,
     describe=describe,
     hf=spec.HFAdapter(load=load_hf, save=save_hf),
-    initial_weights=lambda cfg: cfg.hf_model if cfg.hf_weights == "pretrained" else None,
+    initial_weights=lambda cfg: cfg.hf.hf_model if cfg.hf.hf_weights == "pretrained" else None,
 )

@@ -5,11 +5,20 @@ docs/your-model.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..config_keys import Key
+from ..config_keys import key
 from . import spec
+
+
+@dataclass
+class MLPKeys:
+    """The classifier's own config keys: `cfg.mlp` (`[mlp]` in a config file)."""
+
+    hidden_dim: int = key(256, "hidden width", bounds=(1, 2**20), resume=True)
 
 
 class MLP(nn.Module):
@@ -32,6 +41,8 @@ class MLP(nn.Module):
 SPEC = spec.ModelSpec(
     name="mlp",
     task=spec.CLASSIFIER,
-    build=lambda cfg, info: MLP(info.num_features, cfg.hidden_dim, info.num_classes, cfg.dropout),
-    keys=(Key("hidden_dim", 256, "hidden width", bounds=(1, 2**20), resume=True),),
+    build=lambda cfg, info: MLP(
+        info.num_features, cfg.mlp.hidden_dim, info.num_classes, cfg.dropout
+    ),
+    keys=MLPKeys,
 )

@@ -18,8 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config_keys import Key
-
 if TYPE_CHECKING:
     from ..data.info import DataInfo
 
@@ -92,7 +90,9 @@ class ModelSpec:
     task: LANGUAGE_MODEL or CLASSIFIER.
     build(cfg, info): a new model with initial weights; `info` is the dataset's DataInfo
         (vocab_size for a language model, num_features and num_classes for a classifier).
-    keys: the model's own config keys (declared with `Key`); set for another model, the
+    keys: the model's own config keys: a dataclass whose fields are `key(...)`s, as a general
+        section's (config_keys.py); a run's config holds it under the model's name
+        (`cfg.gpt.preset`). None: the model has no keys of its own. Set for another model, the
         config refuses them.
     context_length(cfg): tokens per training window (a language model; 0 for a classifier).
     blocks(model): the repeated blocks, an nn.ModuleList that FSDP shards one by one,
@@ -105,14 +105,15 @@ class ModelSpec:
         `export --format hf`); None: it has no Hugging Face form.
     initial_weights(cfg): where a new run's weights come from when init_from is not set (a
         directory init_from accepts), or None: the weights `build` made.
-    architecture(cfg, info): the model's size keys as built, where the config says "0: the
-        preset's" or "the dataset's" (exported files record these); None: its keys say it all.
+    architecture(cfg, info): the run's config with the model's sizes as built where it says
+        "0: the preset's" or "the dataset's" (exported files record these); None: its keys say
+        it all.
     """
 
     name: str
     task: Task
     build: Callable[[Any, DataInfo], nn.Module]
-    keys: tuple[Key, ...] = ()
+    keys: type | None = None
     context_length: Callable[[Any], int] = lambda cfg: 0
     blocks: Callable[[nn.Module], nn.ModuleList] | None = None
     flops_per_sample: Callable[[Any, nn.Module, DataInfo], float] | None = None
@@ -120,7 +121,7 @@ class ModelSpec:
     describe: Callable[[Any], str] | None = None
     hf: HFAdapter | None = None
     initial_weights: Callable[[Any], str | None] | None = None
-    architecture: Callable[[Any, DataInfo], dict] | None = None
+    architecture: Callable[[Any, DataInfo], Any] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo) -> float:
         if self.flops_per_sample is not None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..config.files import read_toml
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, read_toml
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir
 from .metrics import has_numbers, pyplot, read_records
@@ -58,8 +57,16 @@ def wall_time(records: list[dict]) -> float:
 
 
 def config_of(run_dir: Path) -> dict:
+    """The run's config.toml, its model's table spelled as on the command line (`gpt.preset`)."""
     path = RunDir(run_dir).config
-    return read_toml(path) if path.is_file() else {}
+    values = read_toml(path) if path.is_file() else {}
+    flat = {}
+    for name, value in values.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{own}": v for own, v in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def differences(configs: list[dict]) -> list[str]:
