@@ -1,4 +1,5 @@
-"""Step-indexed batches (MLP arrays), loader processes, make-dataset for arrays, GPU placement."""
+"""Step-indexed batches (MLP arrays), the sample stream and per-sample seeds, loader processes,
+make-dataset for arrays, GPU placement."""
 
 import signal
 
@@ -8,21 +9,24 @@ import torch
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config
+from {{ cookiecutter.package_name }}.data import arrays
 from {{ cookiecutter.package_name }}.data import batches as data
+from {{ cookiecutter.package_name }}.data.kinds import open_splits
+from {{ cookiecutter.package_name }}.models import spec_of
 
 MLP = ["model=mlp", "synthetic_samples=120", "eval_samples=20", "num_features=3", "batch_size=4"]
 
 
 def source_and_batches(rank=0, world=2, start_step=0, samples_seen=0, extra=()):
     cfg, _ = load_config(None, [*MLP, "grad_accum_steps=2", *extra])
-    source = data.open_source(cfg, "arrays")  # model=mlp: a classifier
+    source = open_splits(cfg, spec_of(cfg))  # model=mlp: a classifier's arrays
     return source, data.StepBatches(source, cfg, rank, world, start_step, samples_seen)
 
 
 def test_synthetic_data_is_deterministic():
-    a, b = data.synthetic_arrays(50, 3, 4, 7), data.synthetic_arrays(50, 3, 4, 7)
+    a, b = arrays.synthetic_arrays(50, 3, 4, 7), arrays.synthetic_arrays(50, 3, 4, 7)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    assert not np.array_equal(a[0], data.synthetic_arrays(50, 3, 4, 8)[0])
+    assert not np.array_equal(a[0], arrays.synthetic_arrays(50, 3, 4, 8)[0])
 
 
 def test_a_batch_is_a_function_of_the_step_alone():
@@ -39,15 +43,17 @@ def test_every_sample_once_per_epoch_and_ranks_disjoint():
     source, rank0 = source_and_batches(rank=0)
     _, rank1 = source_and_batches(rank=1)
     per_step = 2 * 2 * 4  # accum x world x batch
-    steps = source.split // per_step  # 100 training samples: 6 whole steps
+    size = len(source.train)
+    steps = size // per_step  # 100 training samples: 6 whole steps
     rows = [
         {tuple(r.tolist()) for s in range(steps) for m in (0, 1) for r in b.batch(s, m)[0]}
         for b in (rank0, rank1)
     ]
     assert len(rows[0]) == len(rows[1]) == steps * 2 * 4 and not rows[0] & rows[1]
-    epoch0 = source.stream_indices(0, source.split)
-    assert sorted(epoch0.tolist()) == list(range(source.split))  # a permutation
-    assert not np.array_equal(epoch0, source.stream_indices(source.split, source.split))
+    stream = data.SampleStream(size, seed=1234)
+    epoch0, epochs = stream.take(0, size)
+    assert sorted(epoch0.tolist()) == list(range(size)) and set(epochs.tolist()) == {0}
+    assert not np.array_equal(epoch0, stream.take(size, size)[0])
 
 
 def test_resharding_continues_the_same_sample_stream():
@@ -56,7 +62,7 @@ def test_resharding_continues_the_same_sample_stream():
     seen = 5 * 2 * 2 * 4
     _, one = source_and_batches(rank=0, world=1, start_step=5, samples_seen=seen)
     x, _ = one.batch(5, 0)
-    expected, _ = source.gather(source.stream_indices(seen, 4))
+    expected, _ = source.train.gather(data.SampleStream(len(source.train), 1234).take(seen, 4)[0])
     assert torch.equal(x, expected)
     assert one.samples_seen(6) == seen + 2 * 1 * 4
 
@@ -72,8 +78,8 @@ def test_loader_processes_give_the_same_batches_in_order():
 
 def test_eval_set_is_the_held_out_tail_split_over_ranks():
     source, _ = source_and_batches()
-    a = source.eval_batches(4, 0, 2, 100)
-    b = source.eval_batches(4, 1, 2, 100)
+    a = data.eval_batches(source, 4, 0, 2, 100)
+    b = data.eval_batches(source, 4, 1, 2, 100)
     rows = [{tuple(r.tolist()) for x, _ in s for r in x} for s in (a, b)]
     assert len(rows[0]) + len(rows[1]) == 20 and not rows[0] & rows[1]
 
@@ -83,7 +89,7 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     argv = ["make-dataset", "--out", str(out), "--samples", "300", "--features", "5"]
     assert main([*argv, "--classes", "3"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["index.json", "x.npy", "y.npy"]
-    x, y, classes, fingerprint = data.open_dataset(out)
+    x, y, classes, fingerprint = arrays.open_dataset(out)
     assert isinstance(x, np.memmap) and x.shape == (300, 5) and classes == 3
 
     np.save(tmp_path / "x.npy", np.asarray(x)[:200])
@@ -91,13 +97,13 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     copy = tmp_path / "from_npy"
     npy = ["--x", str(tmp_path / "x.npy"), "--y", str(tmp_path / "y.npy")]
     assert main(["make-dataset", "--out", str(copy), *npy]) == 0
-    again = data.open_dataset(copy)
+    again = arrays.open_dataset(copy)
     assert np.array_equal(again[0], np.asarray(x)[:200])
     assert again[3] != fingerprint  # other contents, other fingerprint
 
     cfg, _ = load_config(None, ["model=mlp", f"dataset={out}", "eval_samples=50"])
-    source = data.open_source(cfg, "arrays")  # model=mlp: a classifier
-    assert (source.split, source.info.num_features, source.info.fingerprint) == (
+    source = open_splits(cfg, spec_of(cfg))  # model=mlp: a classifier's arrays
+    assert (len(source.train), source.info.num_features, source.info.fingerprint) == (
         250,
         5,
         fingerprint,
@@ -106,10 +112,11 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
 
 def test_num_workers_from_slurm_cpus_per_task(monkeypatch):
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    assert data.resolve_num_workers(-1) == 0
+    assert data.resolve_num_workers(-1, decodes=True) == 0
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "72")
-    assert data.resolve_num_workers(-1) == 8
-    assert data.resolve_num_workers(0) == 0 and data.resolve_num_workers(3) == 3
+    assert data.resolve_num_workers(-1, decodes=False) == 8  # slicing arrays: 8 are plenty
+    assert data.resolve_num_workers(-1, decodes=True) == 71  # decoding: every CPU but one
+    assert data.resolve_num_workers(0, True) == 0 and data.resolve_num_workers(3, False) == 3
 
 
 def test_loader_workers_ignore_preemption_signals():
@@ -138,3 +145,29 @@ def test_gpu_resident_batches_equal_host_batches():
         xa, ya = host.batch(step, micro)
         xb, yb = on_gpu.batch(step, micro)
         assert xb.is_cuda and torch.equal(xa, xb.cpu()) and torch.equal(ya, yb.cpu())
+
+
+class Noisy(torch.utils.data.Dataset):
+    """A sample with random augmentation drawn from the global generators, as torchvision's
+    transforms and most users' code draw it."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return torch.tensor([float(index)]) + torch.rand(1), torch.tensor(index)
+
+
+def test_a_samples_augmentation_is_a_function_of_seed_epoch_and_index():
+    split = Noisy()
+    indices, epochs = np.array([3, 5, 3]), np.array([0, 0, 1])
+    first, _ = data.read_samples(split, indices, epochs, 7, torch.utils.data.default_collate)
+    torch.rand(100)  # the training process's generator moved on: no effect on the samples
+    again, labels = data.read_samples(split, indices, epochs, 7, torch.utils.data.default_collate)
+    assert torch.equal(first, again) and labels.tolist() == [3, 5, 3]
+    assert first[0] != first[2]  # index 3 in epoch 0 and in epoch 1: other augmentations
+    other, _ = data.read_samples(split, indices, epochs, 8, torch.utils.data.default_collate)
+    assert not torch.equal(first, other)
+    state = torch.random.get_rng_state()
+    data.read_samples(split, indices, epochs, 7, torch.utils.data.default_collate)
+    assert torch.equal(state, torch.random.get_rng_state())  # the caller's generator restored

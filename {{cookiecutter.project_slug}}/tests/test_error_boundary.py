@@ -35,7 +35,7 @@ from {{ cookiecutter.package_name }}.cli import main
     ],
 )
 def test_train_faults_end_in_one_line(monkeypatch, capsys, fault, expected):
-    def failing(cfg):
+    def failing(cfg, origins):
         raise fault
 
     monkeypatch.setattr(train_module, "train", failing)
@@ -122,7 +122,7 @@ def test_a_classifier_on_token_shards_is_one_line(capsys, tmp_path):
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert "holds 'tokens/1' data, not a classifier's arrays" in err.strip().splitlines()[-1]
+    assert "holds tokens data, but model=mlp reads arrays datasets" in err.strip().splitlines()[-1]
 
 
 def test_plot_skips_lines_that_are_not_records_and_names_the_file(tmp_path):

@@ -121,11 +121,11 @@ def test_forward_shape_and_context_limit():
 def test_the_language_model_loss_is_float32_cross_entropy():
     logits = torch.randn(2, 5, 64).bfloat16()
     targets = torch.randint(0, 64, (2, 5))
-    loss = spec.LANGUAGE_MODEL.loss(logits, targets)
+    loss = spec.cross_entropy(logits, targets)
     assert loss.dtype == torch.float32
     expected = F.cross_entropy(logits.float().view(10, 64), targets.view(10))
     assert torch.allclose(loss, expected)
-    per_token = spec.LANGUAGE_MODEL.loss(logits, targets, reduction="none")
+    per_token = spec.cross_entropy(logits, targets, reduction="none")
     assert per_token.shape == (10,) and torch.allclose(per_token.mean(), expected)  # per token
 
 
@@ -155,7 +155,7 @@ def prefix_loss(model: gpt.GPT, x: torch.Tensor, y: torch.Tensor) -> float:
     sees a later token, whatever its attention does): how the model is used when sampling."""
     with torch.no_grad():
         losses = [
-            spec.LANGUAGE_MODEL.loss(model(x[:, : t + 1])[:, -1], y[:, t])
+            spec.cross_entropy(model(x[:, : t + 1])[:, -1], y[:, t])
             for t in range(x.shape[1])
         ]
     return torch.stack(losses).mean().item()
@@ -185,7 +185,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
         x, y = data.train_batch(
             seed=0, step=step, micro=0, rank=0, batch_size=batch, block_size=block
         )
-        loss = spec.LANGUAGE_MODEL.loss(model(x), y)
+        loss = spec.LANGUAGE_MODEL.loss(model, (x, y))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -199,7 +199,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
     x, y = windows[:, :-1], windows[:, 1:]
     model.eval()
     with torch.no_grad():
-        teacher_forced = spec.LANGUAGE_MODEL.loss(model(x), y).item()
+        teacher_forced = spec.LANGUAGE_MODEL.loss(model, (x, y)).item()
     honest = prefix_loss(model, x, y)
     unigram = unigram_entropy(val)
     print(

@@ -74,7 +74,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     total = cfg.bench_warmup + cfg.bench_steps + BLOCK
     _, inputs = input_pipeline(run, total + 1)
     try:
-        x, y = next(inputs)
+        batch = next(inputs)
         torch.manual_seed(cfg.seed)
         bare_model = run.spec.build(cfg, run.source.info)
         if cfg.compile:
@@ -85,7 +85,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         def bare_step():
             for _ in range(cfg.grad_accum_steps):
                 with run.autocast():
-                    loss = run.spec.task.loss(bare_model(x), y) / cfg.grad_accum_steps
+                    loss = run.spec.task.loss(bare_model, batch) / cfg.grad_accum_steps
                 loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
@@ -110,8 +110,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
     units = run.spec.task.unit
     per_step = cfg.batch_size * cfg.grad_accum_steps * env.world_size
-    if units == "tokens":
-        per_step *= run.spec.context_length(cfg)
+    per_step *= run.spec.units_per_sample(cfg)
     result = {
         "model": run.spec.label(cfg),
         "device": str(device),

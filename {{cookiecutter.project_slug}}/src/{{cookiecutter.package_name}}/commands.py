@@ -170,7 +170,7 @@ def make_dataset(args: argparse.Namespace) -> int:
 def make_array_dataset(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .data.batches import synthetic_arrays, write_dataset
+    from .data.arrays import synthetic_arrays, write_dataset
 
     if (args.x is None) != (args.y is None):
         raise ConfigError("make-dataset needs both --x and --y, or neither (synthetic data)")

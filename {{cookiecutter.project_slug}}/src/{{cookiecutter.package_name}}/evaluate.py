@@ -15,6 +15,7 @@ from .checkpoint.export import _find_checkpoint, read_checkpoint
 from .checkpoint.integrity import verify
 from .config.settings import Config, load_config
 from .config_keys import ConfigError, split_assignment
+from .data import batches as data
 from .run.rundir import RunDir
 from .train import build, evaluate
 
@@ -72,8 +73,8 @@ def run_evaluation(cfg: Config) -> dict:
         step = manager.load_latest()
         if step is None:
             raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
-        batches = run.source.eval_batches(
-            cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
+        batches = data.eval_batches(
+            run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
         )
         metrics = evaluate(run, batches)
     result = {"run_dir": cfg.run_dir, "step": step, "dataset": cfg.dataset, "ranks": env.world_size}

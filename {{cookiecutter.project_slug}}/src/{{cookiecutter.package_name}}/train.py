@@ -21,6 +21,8 @@ from .checkpoint.initial import check_source, initial_source, load_initial_weigh
 from .config.resume import check_resume, check_run_dir_config
 from .config.settings import Config, ConfigError, config_record, save_config
 from .data import batches as data
+from .data.info import Splits
+from .data.kinds import open_splits
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
 from .models import spec_of
@@ -49,7 +51,8 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype | None
-    source: data.ArraySource | data.TokenSource
+    source: Splits  # the dataset: its splits, what the model is told about it
+    data_on_gpu: bool  # an in-memory dataset moved to the GPU: batches gathered there
     state: checkpoint.TrainState  # step and data position: saved, restored
     np_rng: np.random.Generator  # per-rank numpy RNG for your own augmentations
     flops_per_step: float  # per rank
@@ -91,8 +94,9 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
         enable_tf32()
     dtype = resolve_precision(cfg, device)
     spec = spec_of(cfg)
-    source = data.open_source(cfg, spec.task.data, spec.context_length(cfg))
-    if data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu):
+    source = open_splits(cfg, spec)
+    data_on_gpu = source.to is not None and data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu)
+    if data_on_gpu:
         source.to(device)
     memory = {"rss_before_build_gib": metrics.resident_gib()}
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -101,7 +105,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     loaded_next = bool(initial_source(cfg, spec)) and not cfg.cpu_offload
     with parallel.parameters_on_meta(enabled=loaded_next):
         net = spec.build(cfg, source.info)
-    flops = spec.training_flops_per_sample(cfg, net, source.info)
+    flops = spec.training_flops_per_sample(cfg, net, source.info, data.example_batch(source, cfg))
     flops *= cfg.batch_size * cfg.grad_accum_steps
     bf16 = dtype == torch.bfloat16 and device.type == "cuda"
     model, use_autocast = parallel.parallelize(net, spec, cfg, env.world_size, device, bf16)
@@ -124,6 +128,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
         scaler=scaler,
         autocast_dtype=dtype if use_autocast else None,
         source=source,
+        data_on_gpu=data_on_gpu,
         state=state,
         np_rng=np_rng,
         flops_per_step=flops,
@@ -137,8 +142,8 @@ def input_pipeline(run: Run, stop_step: int) -> tuple[data.StepBatches, Prefetch
     batches = data.StepBatches(
         run.source, cfg, env.rank, env.world_size, run.state.step, run.state.samples_seen
     )
-    on_gpu = isinstance(getattr(run.source, "x", None), torch.Tensor)
-    workers = 0 if on_gpu else data.resolve_num_workers(cfg.num_workers)
+    on_gpu = run.data_on_gpu
+    workers = 0 if on_gpu else data.resolve_num_workers(cfg.num_workers, run.source.decodes)
     stream = data.micro_batches(batches, stop_step, workers, pin=device.type == "cuda")
     if device.type == "cuda" and not on_gpu:
         return batches, Prefetcher(stream, CudaCopier(device))
@@ -152,12 +157,12 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
     accum = run.cfg.grad_accum_steps
     loss_total = None
     for micro in range(accum):
-        x, y = next(inputs)
+        batch = next(inputs)
         # Gradients are reduced only on the last micro-batch (forward and backward of the
         # others both run without gradient sync).
         with parallel.sync_gradients(run.model, enabled=micro == accum - 1):
             with run.autocast():
-                loss = run.spec.task.loss(run.model(x), y)
+                loss = run.spec.task.loss(run.model, batch)
                 if accum > 1:
                     loss = loss / accum
             run.scaler.scale(loss).backward()
@@ -174,18 +179,20 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, eval_set: list) -> dict:
-    """Held-out loss (and accuracy for a classifier); every rank evaluates its share."""
+    """The task's held-out figures (loss; accuracy, bits per token, ...): every rank scores its
+    share, the sums are added over ranks once."""
     run.model.eval()
-    totals = torch.zeros(3, device=run.device)  # loss sum, correct, count
-    for x, y in eval_set:
-        x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
+    sums: dict[str, torch.Tensor] = {}
+    for batch in eval_set:
+        batch = data.map_tensors(lambda t: t.to(run.device, non_blocking=True), batch)
         with run.autocast():
-            out = run.model(x)
-        correct = (out.argmax(-1) == y).sum().float()
-        count = torch.tensor(float(y.numel()), device=run.device)
-        totals += torch.stack([run.spec.task.loss(out, y, reduction="sum"), correct, count])
+            scores = run.spec.task.scores(run.model, batch)
+        for name, value in scores.items():
+            sums[name] = sums[name] + value.float() if name in sums else value.float()
     run.model.train()
-    return run.spec.task.eval_metrics(*distributed.all_reduce(totals).tolist())
+    names = sorted(sums)  # the same on every rank: the same task, the same number of batches
+    totals = distributed.all_reduce(torch.stack([sums[name] for name in names]))
+    return run.spec.task.report(dict(zip(names, totals.tolist(), strict=True)))
 
 
 def main_rank() -> bool:
@@ -359,7 +366,9 @@ def run_training(
     run = build(cfg, env, device)
     ckpt = open_checkpoints(run, origins)
     start = run.state.step
-    eval_set = run.source.eval_batches(cfg.batch_size, env.rank, env.world_size, cfg.eval_batches)
+    eval_set = data.eval_batches(
+        run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
+    )
     batches, inputs = input_pipeline(run, cfg.max_steps)
     schedule = preemption.CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
     policy = preemption.StopPolicy(
@@ -370,8 +379,8 @@ def run_training(
         cfg.max_steps,
         device,
     )
-    per_sample = run.spec.context_length(cfg) if run.spec.task.unit == "tokens" else 1
-    units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # tokens or samples
+    per_sample = run.spec.units_per_sample(cfg)
+    units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # in the task's unit
     meter = metrics.Metrics(run_dir, env, cfg, run.spec.task, run.flops_per_step, units, start)
     log.info(
         "%s, %.3g GFLOP per step and rank; checkpoints %s",

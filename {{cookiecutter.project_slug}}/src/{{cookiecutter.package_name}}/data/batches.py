@@ -2,14 +2,12 @@
 (seed, step, micro-step, rank), so a resumed run reads exactly the batches it would have read,
 with no sampler state to save, and any world size is well defined.
 
-Two kinds of dataset, told apart by the `index.json` of a dataset directory:
-- token shards for language models (`tokens.py`, written by `make-dataset --stdlib|--text|
-  --tokens`): windows of context_length+1 tokens read from the shard files;
-- arrays for classifiers (`x.npy`, `y.npy`, written by `make-dataset --out DIR [--x --y]`): an
-  endless stream of samples, reshuffled every epoch; a rank's batch is a slice of that stream at
-  `samples_seen` (saved in the checkpoint), so a resume on another number of ranks continues
-  the same stream.
-"synthetic" makes either in memory (a random linear teacher; uniform random tokens).
+A dataset kind (kinds.py) opens the splits. The training split is read as an endless stream of
+epochs, each a permutation of its indices that depends on (seed, epoch) alone; a rank's
+micro-batch is its slice of that stream at `samples_seen` (saved in the checkpoint), so a resume
+on another number of ranks continues the same stream. Each sample is read under its own seed,
+(seed, epoch, index): its random augmentation is the same in any loader process, for any
+`num_workers`. (A kind may draw its own batches instead: token windows at random positions.)
 
 How batches reach the GPU (see docs/training.md): an in-memory dataset that fits stays on the GPU
 and batches are gathered there; otherwise batches are gathered on the CPU (by `num_workers`
@@ -18,24 +16,21 @@ loader processes, or a background thread) and copied on a side stream (`prefetch
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..config_keys import AUTO, ConfigError, key
-from ..run.atomic import atomic_write_text
+from ..config_keys import AUTO, key
 from ..run.preemption import SIGNALS
-from .info import DataInfo
-from .tokens import file_sha256
+from .info import Splits
+from .tokens import DatasetError
 
 
 # fmt: off
@@ -57,111 +52,120 @@ class DataKeys:
                           bounds=(1, 2**24), resume=True)
     grad_accum_steps: int = key(1, "micro-steps per optimizer step (gradients synced on the "
                                 "last)", bounds=(1, 2**16), resume=True)
-    num_workers: int = key(-1, "loader processes per rank; -1: min(8, SLURM_CPUS_PER_TASK - 1)",
-                           bounds=(-1, 64))
+    num_workers: int = key(-1, "loader processes per rank; -1: SLURM_CPUS_PER_TASK - 1 (at most "
+                           "8 unless samples are decoded)", bounds=(-1, 256))
     data_on_gpu: str = key("auto", "in-memory data on the GPU: auto (under 10% of it)",
                            choices=AUTO)
 # fmt: on
 
 
-INDEX_FILE = "index.json"
-FORMAT = "npy-arrays/1"
-SYNTHETIC_TOKENS = 2**20
-GPT2_VOCAB = 50257
+class SampleStream:
+    """The training split's indices as an endless stream of epochs: epoch e is a permutation of
+    range(size) drawn from (seed, e) alone."""
 
-
-class ArraySource:
-    """Classification arrays: inputs x (N, features) float32, labels y (N,) int64; numpy arrays,
-    memmaps, or torch tensors on the GPU (`to`)."""
-
-    def __init__(self, x, y, num_classes: int, fingerprint: str, eval_samples: int, seed: int):
-        split = len(x) - eval_samples
-        if split <= 0:
-            raise ValueError(f"dataset has {len(x)} samples, not more than eval_samples")
-        self.x, self.y, self.split, self.seed = x, y, split, seed
-        self.info = DataInfo("arrays", fingerprint, int(x.shape[1]), int(num_classes))
+    def __init__(self, size: int, seed: int):
+        if size < 1:
+            raise ValueError("the training split is empty")
+        self.size, self.seed = size, seed
         self._perms: dict[int, np.ndarray] = {}
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.x.nbytes + self.y.nbytes)
-
-    def to(self, device: torch.device) -> ArraySource:
-        """Keep the arrays on `device`: batches are then gathered there (no host copy)."""
-        self.x = torch.as_tensor(np.asarray(self.x)).to(device)
-        self.y = torch.as_tensor(np.asarray(self.y)).to(device)
-        return self
-
-    def _permutation(self, epoch: int) -> np.ndarray:
+    def permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
             if len(self._perms) > 2:
                 self._perms.pop(min(self._perms))
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.split)
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.size)
         return self._perms[epoch]
 
-    def stream_indices(self, start: int, count: int) -> np.ndarray:
-        """Indices [start, start + count) of the endless stream of epoch permutations."""
-        parts, position = [], start
+    def take(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [start, start + count) of the stream: (indices, the epoch of each)."""
+        parts, epochs, position = [], [], start
         while position < start + count:
-            epoch, offset = divmod(position, self.split)
-            take = min(self.split - offset, start + count - position)
-            parts.append(self._permutation(epoch)[offset : offset + take])
+            epoch, offset = divmod(position, self.size)
+            take = min(self.size - offset, start + count - position)
+            parts.append(self.permutation(epoch)[offset : offset + take])
+            epochs.append(np.full(take, epoch, dtype=np.int64))
             position += take
-        return np.concatenate(parts)
-
-    def gather(self, idx: np.ndarray):
-        idx = np.sort(idx)  # memmap pages in file order; the order within a batch is irrelevant
-        if isinstance(self.x, torch.Tensor):
-            index = torch.from_numpy(idx).to(self.x.device, non_blocking=True)
-            return self.x[index], self.y[index]
-        return torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
-
-    def eval_batches(self, batch_size: int, rank: int, world: int, max_batches: int) -> list:
-        """The held-out tail, split over ranks, in fixed batches."""
-        rows = np.arange(self.split, len(self.x))[rank::world]
-        chunks = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
-        return [self.gather(c) for c in chunks[:max_batches] if len(c)]
+        return np.concatenate(parts), np.concatenate(epochs)
 
 
-class TokenSource:
-    """Token shards (or synthetic tokens) for a language model: windows of block_size+1 tokens."""
+@contextmanager
+def sample_seed(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """torch's, numpy's and Python's global random generators seeded from (seed, epoch, index)
+    while one sample is read, and restored after: a sample's random augmentation is a function
+    of those three, in any process."""
+    state = np.random.SeedSequence([seed, epoch + 1, index]).generate_state(2)
+    saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.manual_seed(int(state[0]) << 32 | int(state[1]))
+    np.random.seed(int(state[0]))
+    random.seed(int(state[1]))
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        random.setstate(saved[2])
 
-    def __init__(self, dataset, block_size: int, seed: int):  # dataset: tokens.TokenDataset
-        self.dataset, self.block_size, self.seed = dataset, block_size, seed
-        self.info = DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size)
-        self.nbytes = 0  # read from the shard files on the host; windows are small
 
-    def eval_batches(self, batch_size: int, rank: int, world: int, max_batches: int) -> list:
-        return self.dataset.val_batches(batch_size, self.block_size, rank, world, max_batches)
+def read_samples(split: Dataset, indices: np.ndarray, epochs: np.ndarray, seed: int, collate):
+    """One batch of `split`: its `gather` (a whole batch at once), or each sample read under its
+    own seed, then collated."""
+    gather = getattr(split, "gather", None)
+    if gather is not None:
+        return gather(indices)
+    samples = []
+    for index, epoch in zip(indices.tolist(), epochs.tolist(), strict=True):
+        with sample_seed(seed, epoch, index):
+            samples.append(split[index])
+    return collate(samples)
 
 
-def open_source(cfg, kind: str, context_length: int = 0):
-    """The dataset named by `cfg.dataset` ("synthetic" or a make-dataset directory), of the kind
-    the model's task reads (`kind`: "tokens" or "arrays", models.spec.Task.data); a language
-    model reads windows of its `context_length` tokens (+1 for the targets)."""
-    if kind == "tokens":
-        from . import tokens
+def eval_batches(data: Splits, batch_size: int, rank: int, world: int, max_batches: int) -> list:
+    """Fixed validation batches for this rank: sample k goes to rank k % world, and every rank
+    gets the same number of samples (the last < world samples are left out), so all ranks run
+    the same number of forward passes (FSDP needs that)."""
+    if data.eval_batches is not None:
+        return data.eval_batches(batch_size, rank, world, max_batches)
+    assert data.val is not None
+    if len(data.val) < world:
+        raise DatasetError(
+            f"the validation split has {len(data.val)} samples, fewer than one per rank "
+            f"({world} ranks)"
+        )
+    per_rank = min(len(data.val) // world, max_batches * batch_size)
+    mine = np.arange(len(data.val), dtype=np.int64)[rank::world][:per_rank]
+    chunks = [mine[i : i + batch_size] for i in range(0, per_rank, batch_size)]
+    return [read_samples(data.val, c, np.full(len(c), -1), 0, data.collate) for c in chunks]
 
-        if cfg.dataset == "synthetic":
-            vocab = cfg.vocab_size or GPT2_VOCAB
-            dataset = tokens.TokenDataset.synthetic(vocab, SYNTHETIC_TOKENS, cfg.seed)
-        else:
-            dataset = tokens.TokenDataset.open(Path(cfg.dataset))
-        return TokenSource(dataset, context_length, cfg.seed)
-    if cfg.dataset == "synthetic":
-        x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
-        fingerprint = f"synthetic:{cfg.synthetic_samples}x{cfg.num_features}:{cfg.num_classes}"
-        return ArraySource(x, y, cfg.num_classes, fingerprint, cfg.eval_samples, cfg.seed)
-    x, y, classes, fingerprint = open_dataset(Path(cfg.dataset))
-    return ArraySource(x, y, classes, fingerprint, cfg.eval_samples, cfg.seed)
+
+def example_batch(data: Splits, cfg):
+    """A batch of one training sample (to count a model's FLOPs by running it)."""
+    if data.draw is not None:
+        return data.draw(cfg.seed, 0, 0, 0, 1)
+    first = np.zeros(1, np.int64)
+    return read_samples(data.train, first, first, cfg.seed, data.collate)
+
+
+def map_tensors(fn, batch):
+    """`fn` applied to every tensor of a batch: a tensor, or tuples, lists and dicts of them
+    (other values are kept as they are)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(fn, v) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(map_tensors(fn, v) for v in batch)
+    return batch
 
 
 class StepBatches:
     """This rank's micro-batches as a function of (step, micro-step)."""
 
-    def __init__(self, source, cfg, rank: int, world: int, start_step: int, samples_seen: int):
-        self.source, self.cfg, self.rank, self.world = source, cfg, rank, world
+    def __init__(
+        self, data: Splits, cfg, rank: int, world: int, start_step: int, samples_seen: int
+    ):
+        self.data, self.cfg, self.rank, self.world = data, cfg, rank, world
         self.start_step, self.start_samples = start_step, samples_seen
+        self.stream = None if data.draw else SampleStream(len(data.train), cfg.seed)
 
     def samples_seen(self, step: int) -> int:
         """Samples all ranks have consumed before `step` (the data position a checkpoint saves)."""
@@ -169,13 +173,12 @@ class StepBatches:
         return self.start_samples + (step - self.start_step) * per_step
 
     def batch(self, step: int, micro: int):
-        cfg, source = self.cfg, self.source
-        if isinstance(source, TokenSource):
-            return source.dataset.train_batch(
-                cfg.seed, step, micro, self.rank, cfg.batch_size, source.block_size
-            )
+        cfg, data = self.cfg, self.data
+        if data.draw is not None:
+            return data.draw(cfg.seed, step, micro, self.rank, cfg.batch_size)
         start = self.samples_seen(step) + (micro * self.world + self.rank) * cfg.batch_size
-        return source.gather(source.stream_indices(start, cfg.batch_size))
+        indices, epochs = self.stream.take(start, cfg.batch_size)
+        return read_samples(data.train, indices, epochs, cfg.seed, data.collate)
 
 
 class _LoaderView(Dataset):
@@ -226,11 +229,16 @@ def worker_init(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def resolve_num_workers(requested: int) -> int:
+def resolve_num_workers(requested: int, decodes: bool) -> int:
+    """num_workers=-1: the CPUs Slurm gives the rank less one (the training process's) for a
+    dataset whose samples cost CPU (decoding, augmentation: 72 Grace cores per GH200 GPU in the
+    job scripts), at most 8 for one that only slices arrays or token windows."""
     if requested >= 0:
         return requested
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
-    return min(8, cpus - 1) if cpus > 1 else 0  # leave one core to the training process
+    if cpus <= 1:
+        return 0
+    return cpus - 1 if decodes else min(8, cpus - 1)
 
 
 def fits_on_gpu(nbytes: int, device: torch.device, setting: str) -> bool:
@@ -241,78 +249,3 @@ def fits_on_gpu(nbytes: int, device: torch.device, setting: str) -> bool:
         return True
     free, total = torch.cuda.mem_get_info(device)
     return nbytes < 0.1 * total and nbytes < 0.5 * free
-
-
-def synthetic_arrays(samples: int, features: int, classes: int, seed: int):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((samples, features), dtype=np.float32)
-    teacher = rng.standard_normal((features, classes), dtype=np.float32)
-    noise = 0.5 * rng.standard_normal((samples, classes), dtype=np.float32)
-    y = np.argmax(x @ teacher + noise, axis=1).astype(np.int64)
-    return x, y
-
-
-def write_dataset(
-    out: Path,
-    x: np.ndarray,
-    y: np.ndarray,
-    num_classes: int | None = None,
-    chunk_rows: int = 1 << 16,
-) -> Path:
-    """Write `x.npy`, `y.npy` and `index.json` (last, so a directory with an index is complete)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
-        raise ValueError(
-            f"need x of shape (N, features) and y of shape (N,); got {x.shape}, {y.shape}"
-        )
-    arrays = {"x": (x, np.float32), "y": (y, np.int64)}
-    entries, digest = {}, hashlib.sha256()
-    for name, (array, dtype) in arrays.items():
-        path = out / f"{name}.npy"
-        dst = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=array.shape)
-        for start in range(0, len(array), chunk_rows):  # bounded memory for large inputs
-            dst[start : start + chunk_rows] = array[start : start + chunk_rows]
-        dst.flush()
-        del dst
-        digest.update(file_sha256(path).encode())
-        entries[name] = {
-            "file": path.name,
-            "dtype": np.dtype(dtype).name,
-            "shape": list(array.shape),
-        }
-    classes = int(num_classes if num_classes is not None else int(np.max(y)) + 1)
-    index = {
-        "format": FORMAT,
-        "num_samples": len(x),
-        "num_features": int(x.shape[1]),
-        "num_classes": classes,
-        "arrays": entries,
-        "fingerprint": digest.hexdigest(),  # a resume refuses a rewritten dataset
-    }
-    atomic_write_text(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
-    return out
-
-
-def open_dataset(directory: Path):
-    """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps."""
-    directory = Path(directory)
-    try:
-        index = json.loads((directory / INDEX_FILE).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"{directory / INDEX_FILE} not found: dataset directories are written by "
-            f"`python -m {__name__.split('.')[0]} make-dataset --out DIR`"
-        ) from None
-    if index.get("format") != FORMAT:
-        raise ConfigError(
-            f"dataset {directory} holds {index.get('format')!r} data, not a classifier's arrays "
-            f"({FORMAT}): token shards train a language model (model=gpt), a classifier reads "
-            "make-dataset --x/--y arrays"
-        )
-    x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
-    y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")
-    if len(x) != len(y):
-        raise ValueError(f"{directory}: x has {len(x)} rows but y has {len(y)}")
-    fingerprint = index.get("fingerprint") or f"{directory}:{len(x)}"
-    return x, y, int(index["num_classes"]), fingerprint

@@ -1,9 +1,15 @@
-"""What the model is told about its data (`DataInfo`): a leaf module, so the models import it
-without importing the data pipeline."""
+"""What the model is told about its data (`DataInfo`), and what a dataset kind is (`DatasetKind`,
+the `Splits` it opens): a leaf module, so the models and the kinds import it without importing
+the data pipeline."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset, default_collate
 
 from ..config_keys import ConfigError
 
@@ -12,11 +18,13 @@ from ..config_keys import ConfigError
 class DataInfo:
     """What the model needs to know about the data, and the fingerprint a resume checks."""
 
-    kind: str  # "arrays" or "tokens"
+    kind: str  # the dataset kind's name: "tokens", "arrays", ... (data/kinds.py)
     fingerprint: str
-    num_features: int = 0  # arrays
-    num_classes: int = 0  # arrays
-    vocab_size: int = 0  # tokens
+    num_features: int = 0  # arrays: the length of a feature vector
+    num_classes: int = 0  # classifiers
+    vocab_size: int = 0  # language models
+    class_names: tuple[str, ...] = ()  # classifiers whose dataset names its classes
+    details: dict = field(default_factory=dict)  # anything else a kind of yours tells its model
 
 
 def saved_data_info(values: dict, run_dir) -> DataInfo:
@@ -24,3 +32,50 @@ def saved_data_info(values: dict, run_dir) -> DataInfo:
     if not isinstance(values.get("data_info"), dict):
         raise ConfigError(f"{run_dir}: its checkpoint records no data_info (not this package's)")
     return DataInfo(**values["data_info"])
+
+
+@dataclass
+class Splits:
+    """A dataset opened for a run.
+
+    train, val: map-style datasets (`len`, `[index]` -> one sample).
+    info: what the model is told about the data (classes, vocabulary, shapes) and the fingerprint
+        a resume checks.
+    collate: a list of samples -> one batch (default: torch's default_collate, which stacks
+        tensors of equal shapes; samples of varying shapes need their own).
+    decodes: reading a sample costs CPU (decoding, augmentation): num_workers then defaults to
+        every CPU Slurm gives the rank.
+    A split may have a method `gather(indices)` that returns a whole batch at once (in-memory
+    arrays with no randomness: it replaces the per-sample reads and collate).
+    draw: optional, for a kind that draws its own training batches as a function of
+        (seed, step, micro-step, rank, batch_size) instead of the epoch stream (token windows at
+        random positions); `eval_batches(batch_size, rank, world, max_batches)` then gives its
+        validation batches.
+    nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
+    """
+
+    train: Dataset | None
+    val: Dataset | None
+    info: DataInfo
+    collate: Callable[[list], Any] = default_collate
+    decodes: bool = False
+    draw: Callable[[int, int, int, int, int], Any] | None = None
+    eval_batches: Callable[[int, int, int, int], list] | None = None
+    nbytes: int = 0
+    to: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """name: what a model lists in its spec's `reads` (e.g. "tokens", "images").
+    format: the `format` of the index.json of the directories it reads (e.g. "tokens/1").
+    open(directory, cfg, spec): the directory's Splits; problems are one-line DatasetErrors.
+        `spec` is the run's models.spec.ModelSpec, for what a kind asks the model (the context
+        length of token windows).
+    synthetic(cfg, spec): Splits made in memory for `dataset=synthetic`, or None: none.
+    """
+
+    name: str
+    format: str
+    open: Callable[[Path, Any, Any], Splits]
+    synthetic: Callable[[Any, Any], Splits] | None = None

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .batches import map_tensors
+
 _END = object()
 
 
@@ -33,23 +35,24 @@ class CudaCopier:
     def bind_thread(self) -> None:
         torch.cuda.set_device(self.device)  # the current device is per thread
 
-    def copy(self, batch: tuple[torch.Tensor, ...]):
+    def copy(self, batch):
+        """Every tensor of the batch (a tuple, a dict, ...) copied; pinned first if it is not."""
+
+        def to_device(t: torch.Tensor) -> torch.Tensor:
+            if not (t.is_cuda or t.is_pinned()):
+                t = t.pin_memory()
+            return t.to(self.device, non_blocking=True)
+
         with torch.cuda.stream(self.stream):
-            out = tuple(
-                t.to(self.device, non_blocking=True)
-                if t.is_cuda or t.is_pinned()
-                else t.pin_memory().to(self.device, non_blocking=True)
-                for t in batch
-            )
+            out = map_tensors(to_device, batch)
             event = torch.cuda.Event()
             event.record(self.stream)
         return out, event
 
-    def ready(self, out: tuple[torch.Tensor, ...], event) -> tuple[torch.Tensor, ...]:
+    def ready(self, out, event):
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(event)
-        for tensor in out:
-            tensor.record_stream(compute)
+        map_tensors(lambda tensor: tensor.record_stream(compute), out)
         return out
 
 
@@ -112,7 +115,7 @@ class Prefetcher:
     def __iter__(self) -> Prefetcher:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, ...]:
+    def __next__(self):
         start = time.perf_counter()
         if self.threaded:
             item = self._queue.get()

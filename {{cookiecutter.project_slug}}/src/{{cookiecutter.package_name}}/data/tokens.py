@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .info import DataInfo, DatasetKind, Splits
+
 INDEX_FILE = "index.json"
 FORMAT = "tokens/1"
 # little-endian, as numpy writes them on x86/ARM; index.json says "uint16" or "uint32"
@@ -41,6 +43,8 @@ MAX_VOCAB = 2**32
 BYTE_VOCAB = 256
 DOCUMENT_END = 0  # byte tokenizer: the token after every document
 SHARD_TOKENS = 2**28  # 512 MiB (uint16) or 1 GiB (uint32) per shard
+SYNTHETIC_TOKENS = 2**20  # dataset=synthetic: uniform random tokens, nothing to learn
+GPT2_VOCAB = 50257  # their vocabulary when vocab_size is 0
 MIN_VAL_TOKENS = 1025  # at least one window of block_size 1024 (+1 for the shifted targets)
 CHUNK_TOKENS = 2**24  # bounded memory when copying or scanning large token files
 # A shard rewritten after make-dataset (same size, other tokens) would resume a run on other data
@@ -389,3 +393,33 @@ def gather(shards: list, starts: np.ndarray, window: int, vocab_size: int) -> np
 def split_window(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.from_numpy(windows)
     return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+# --- the kind of dataset (data/kinds.py) ------------------------------------------------------
+
+
+def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
+    """Windows of the model's context length + 1 tokens, drawn at random positions as a function
+    of (seed, step, micro-step, rank); validation windows tile the val split."""
+    block = spec.context_length(cfg)
+    return Splits(
+        train=None,
+        val=None,
+        info=DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size),
+        draw=lambda seed, step, micro, rank, batch_size: dataset.train_batch(
+            seed, step, micro, rank, batch_size, block
+        ),
+        eval_batches=lambda batch_size, rank, world, max_batches: dataset.val_batches(
+            batch_size, block, rank, world, max_batches
+        ),
+    )
+
+
+KIND = DatasetKind(
+    name="tokens",
+    format=FORMAT,
+    open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
+    synthetic=lambda cfg, spec: token_splits(
+        TokenDataset.synthetic(cfg.vocab_size or GPT2_VOCAB, SYNTHETIC_TOKENS, cfg.seed), cfg, spec
+    ),
+)

@@ -263,6 +263,7 @@ def training_flops(cfg, model: nn.Module, info: DataInfo) -> float:
 SPEC = spec.ModelSpec(
     name="gpt",
     task=spec.LANGUAGE_MODEL,
+    reads=("tokens",),
     build=lambda cfg, info: GPT(config_of(cfg, info)),
     keys=GPTKeys,
     context_length=lambda cfg: config_of(cfg).block_size,

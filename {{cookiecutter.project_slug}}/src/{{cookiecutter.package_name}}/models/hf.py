@@ -249,6 +249,7 @@ def save_hf(cfg, info: DataInfo, state: dict) -> tuple[dict, dict]:
 SPEC = spec.ModelSpec(
     name="hf",
     task=spec.LANGUAGE_MODEL,
+    reads=("tokens",),
     build=build,
     keys=HFKeys,
     context_length=lambda cfg: cfg.hf.hf_context_length,

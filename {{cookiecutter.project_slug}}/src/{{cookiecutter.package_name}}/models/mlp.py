@@ -41,6 +41,7 @@ class MLP(nn.Module):
 SPEC = spec.ModelSpec(
     name="mlp",
     task=spec.CLASSIFIER,
+    reads=("arrays",),
     build=lambda cfg, info: MLP(
         info.num_features, cfg.mlp.hidden_dim, info.num_classes, cfg.dropout
     ),

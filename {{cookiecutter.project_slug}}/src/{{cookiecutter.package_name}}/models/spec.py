@@ -2,9 +2,10 @@
 code). The loop, the data, the metrics, the benchmark, the CLI and `generate` ask the spec of
 `cfg.model`; none of them knows a model by name.
 
-A model's task says what kind of data it reads and how it is scored: `LANGUAGE_MODEL` (token
-windows of `context_length + 1`, next-token cross entropy, bits per token, `generate`) or
-`CLASSIFIER` (feature vectors and labels, cross entropy, accuracy).
+A model's task says how a batch becomes a loss and what the model reports: `LANGUAGE_MODEL`
+(next-token cross entropy, bits per token, `generate`), `CLASSIFIER` (cross entropy, accuracy,
+top-5), or one of your own (docs/your-data.md: a regression). Its spec's `reads` names the dataset
+kinds it trains on (data/kinds.py).
 """
 
 from __future__ import annotations
@@ -30,43 +31,89 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "
 
 @dataclass(frozen=True)
 class Task:
-    """How a kind of model is fed and scored."""
+    """How a batch becomes a loss, and what the model reports: train, evaluate, the benchmark
+    and the metrics call these and know no task by name. A batch is what the dataset kind's
+    collate returns: `(inputs, targets)` for the kinds shipped, or anything of yours (a dict of
+    tensors of varying shapes).
+
+    name: shown in the start line ("language model", "classifier").
+    unit: what throughput counts, `<unit>_per_s` in the metrics ("tokens", "images", "samples").
+    loss(model, batch): the batch's mean loss, a scalar tensor (the training objective).
+    scores(model, batch): sums over one validation batch, scalar tensors: "loss" (the summed
+        loss), "count" (what it is summed over) and any other sums `report` needs.
+    report(sums): the evaluation record's fields, from the sums over every batch and rank.
+    train_metrics(loss): extra fields of a training record, from its mean loss.
+    chance_loss(info): the loss of uniform predictions, or None (a first loss far above it says
+        the initialisation is broken).
+    generates: `generate` can sample from it.
+    """
 
     name: str
-    data: str  # the dataset kind it reads: "tokens" (windows) or "arrays" (x, y)
-    unit: str  # what throughput counts: "tokens" or "samples"
-    generates: bool  # `generate` can sample from it
-
-    def loss(self, output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):
-        return cross_entropy(output, target, reduction)
-
-    def chance_loss(self, info: DataInfo) -> float:
-        """The loss of uniform predictions: ln of the number of outputs (tokens or classes)."""
-        return math.log(info.vocab_size if self.data == "tokens" else info.num_classes)
-
-    def train_metrics(self, loss: float) -> dict:
-        """Extra fields of a training record, from the mean loss."""
-        if self.unit == "tokens":  # bits per token (= per byte for byte-level tokens)
-            return {"loss_bits_per_token": loss / math.log(2)}
-        return {}
-
-    def eval_metrics(self, loss_sum: float, correct: float, count: float) -> dict:
-        """An evaluation record's fields from the sums over all ranks."""
-        loss = loss_sum / max(count, 1)
-        if self.unit == "tokens":
-            return {"eval_loss": loss, "eval_bits_per_token": loss / math.log(2)}
-        return {"eval_loss": loss, "eval_acc": correct / max(count, 1)}
-
-    def example_batch(self, info: DataInfo, context_length: int):
-        """One sample shaped like a training batch (for counting FLOPs)."""
-        if self.data == "tokens":
-            x = torch.zeros(1, context_length, dtype=torch.long)
-            return x, torch.zeros(1, context_length, dtype=torch.long)
-        return torch.zeros(1, info.num_features), torch.zeros(1, dtype=torch.long)
+    unit: str
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    scores: Callable[[nn.Module, Any], dict[str, torch.Tensor]]
+    report: Callable[[dict[str, float]], dict]
+    train_metrics: Callable[[float], dict] = lambda loss: {}
+    chance_loss: Callable[[DataInfo], float | None] = lambda info: None
+    generates: bool = False
 
 
-LANGUAGE_MODEL = Task("language model", data="tokens", unit="tokens", generates=True)
-CLASSIFIER = Task("classifier", data="arrays", unit="samples", generates=False)
+def _count(target: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(float(target.numel()), device=target.device)
+
+
+def _next_token_scores(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    x, y = batch
+    return {"loss": cross_entropy(model(x), y, "sum"), "count": _count(y)}
+
+
+def _bits(loss: float) -> float:  # per token (= per byte for byte-level tokens)
+    return loss / math.log(2)
+
+
+def _language_model_report(sums: dict[str, float]) -> dict:
+    loss = sums["loss"] / max(sums["count"], 1)
+    return {"eval_loss": loss, "eval_bits_per_token": _bits(loss)}
+
+
+LANGUAGE_MODEL = Task(
+    name="language model",
+    unit="tokens",
+    loss=lambda model, batch: cross_entropy(model(batch[0]), batch[1]),
+    scores=_next_token_scores,
+    report=_language_model_report,
+    train_metrics=lambda loss: {"loss_bits_per_token": _bits(loss)},
+    chance_loss=lambda info: math.log(info.vocab_size),
+    generates=True,
+)
+
+
+def classifier_scores(output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Summed loss, count, top-1 and (with more than 5 classes) top-5 hits of (B, C) logits."""
+    scores = {"loss": cross_entropy(output, target, "sum"), "count": _count(target)}
+    scores["correct"] = (output.argmax(-1) == target).sum().float()
+    if output.shape[-1] > 5:
+        top5 = output.topk(5, dim=-1).indices
+        scores["correct_top5"] = (top5 == target[:, None]).any(-1).sum().float()
+    return scores
+
+
+def _classifier_report(sums: dict[str, float]) -> dict:
+    count = max(sums["count"], 1)
+    report = {"eval_loss": sums["loss"] / count, "eval_acc": sums["correct"] / count}
+    if "correct_top5" in sums:
+        report["eval_top5"] = sums["correct_top5"] / count
+    return report
+
+
+CLASSIFIER = Task(
+    name="classifier",
+    unit="samples",
+    loss=lambda model, batch: cross_entropy(model(batch[0]), batch[1]),
+    scores=lambda model, batch: classifier_scores(model(batch[0]), batch[1]),
+    report=_classifier_report,
+    chance_loss=lambda info: math.log(info.num_classes),
+)
 
 
 @dataclass(frozen=True)
@@ -87,18 +134,20 @@ class ModelSpec:
     """Everything the package needs to train, resume, benchmark and sample a model.
 
     name: the value of the `model` config key.
-    task: LANGUAGE_MODEL or CLASSIFIER.
+    task: LANGUAGE_MODEL, CLASSIFIER or your own: how a batch becomes a loss, what it reports.
     build(cfg, info): a new model with initial weights; `info` is the dataset's DataInfo
         (vocab_size for a language model, num_features and num_classes for a classifier).
+    reads: the dataset kinds it trains on (names in data/kinds.py); the first is the one
+        `dataset=synthetic` makes.
     keys: the model's own config keys: a dataclass whose fields are `key(...)`s, as a general
         section's (config_keys.py); a run's config holds it under the model's name
         (`cfg.gpt.preset`). None: the model has no keys of its own. Set for another model, the
         config refuses them.
-    context_length(cfg): tokens per training window (a language model; 0 for a classifier).
+    context_length(cfg): tokens per training window (a language model; 0 for others).
     blocks(model): the repeated blocks, an nn.ModuleList that FSDP shards one by one,
         activation checkpointing wraps and `compile=true` compiles; None: the model is one unit.
     flops_per_sample(cfg, model, info): training FLOPs (forward + backward) per sample (per
-        window for a language model), for MFU; None: counted by running one sample.
+        window for a language model), for MFU; None: counted by running one sample of the data.
     check(cfg): relations between the model's keys, raising ConfigError at load time.
     describe(cfg): the name the benchmark reports (e.g. "gpt:gpt2-124m").
     hf: how the model reads and writes a Hugging Face model directory (`init_from=DIR`,
@@ -113,6 +162,7 @@ class ModelSpec:
     name: str
     task: Task
     build: Callable[[Any, DataInfo], nn.Module]
+    reads: tuple[str, ...]
     keys: type | None = None
     context_length: Callable[[Any], int] = lambda cfg: 0
     blocks: Callable[[nn.Module], nn.ModuleList] | None = None
@@ -123,23 +173,28 @@ class ModelSpec:
     initial_weights: Callable[[Any], str | None] | None = None
     architecture: Callable[[Any, DataInfo], Any] | None = None
 
-    def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo) -> float:
+    def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo, example) -> float:
+        """`example`: a batch of one sample of the run's data, run through a fresh copy of the
+        model when the spec has no formula."""
         if self.flops_per_sample is not None:
             return self.flops_per_sample(cfg, model, info)
-        return counted_flops(self, cfg, info)
+        return counted_flops(self, cfg, info, example)
 
     def label(self, cfg) -> str:
         return self.describe(cfg) if self.describe else self.name
 
+    def units_per_sample(self, cfg) -> int:
+        """What one sample counts in the task's unit: a window's tokens, else 1."""
+        return self.context_length(cfg) or 1
 
-def counted_flops(spec: ModelSpec, cfg, info: DataInfo) -> float:
+
+def counted_flops(spec: ModelSpec, cfg, info: DataInfo, example) -> float:
     """Forward + backward FLOPs of one sample, counted by torch on a fresh copy of the model."""
     from torch.utils.flop_counter import FlopCounterMode
 
     probe = spec.build(cfg, info)
-    x, y = spec.task.example_batch(info, spec.context_length(cfg))
     with FlopCounterMode(display=False) as counter:
-        spec.task.loss(probe(x), y).backward()
+        spec.task.loss(probe, example).backward()
     return float(counter.get_total_flops())
 
 

@@ -106,11 +106,12 @@ class Console:
             duration(step_s * (cfg.max_steps - self.start_step)),
         )
 
-    def first_loss(self, loss: float, chance: float) -> None:
+    def first_loss(self, loss: float, chance: float | None) -> None:
         """A new run's first loss far above what uniform predictions give (`chance`, ln of the
         number of outputs) means outputs far too large: a broken initialisation, more often
-        than hard data. Trained on, it wastes steps undoing it, or diverges."""
-        if self.is_main and loss >= 2 * chance:
+        than hard data. Trained on, it wastes steps undoing it, or diverges. A task with no
+        such figure (a regression: `chance` None) is not checked."""
+        if self.is_main and chance is not None and loss >= 2 * chance:
             log.warning(
                 "the first loss is %.3g, %.1f times the %.3g of uniform predictions (ln of %d "
                 "outputs): the model's initial outputs are far too large - likely its "
@@ -123,20 +124,17 @@ class Console:
             )
 
     def evaluated(self, step: int, result: dict, samples_seen: int) -> None:
-        """One line per evaluation: the held-out loss, bits per token (gpt) and data seen."""
+        """One line per evaluation: the held-out loss, the task's other figures, data seen."""
         self.evals.append((step, result["eval_loss"]))
         if not self.is_main:
             return
-        if "eval_bits_per_token" in result:
-            detail = f"{result['eval_bits_per_token']:.4f} bits/token"
-        else:
-            detail = f"accuracy {result.get('eval_acc', math.nan):.1%}"
+        figures = [describe(name, v) for name, v in result.items() if name != "eval_loss"]
         log.info(
-            "eval step %d/%d: loss %.4f (%s), %s %s seen",
+            "eval step %d/%d: loss %.4f%s, %s %s seen",
             step,
             self.cfg.max_steps,
             result["eval_loss"],
-            detail,
+            f" ({', '.join(figures)})" if figures else "",
             count(samples_seen * self.units_per_sample),
             self.unit,
         )
@@ -166,3 +164,15 @@ class Console:
         if self.is_main:
             log.info("%s", line)
         return line
+
+
+# How the evaluation line shows a task's figures; one a task of yours adds shows as name value.
+SHOWN = {
+    "eval_bits_per_token": lambda v: f"{v:.4f} bits/token",
+    "eval_acc": lambda v: f"accuracy {v:.1%}",
+    "eval_top5": lambda v: f"top-5 {v:.1%}",
+}
+
+
+def describe(name: str, value: float) -> str:
+    return SHOWN[name](value) if name in SHOWN else f"{name.removeprefix('eval_')} {value:.4g}"

@@ -1,0 +1,157 @@
+"""The classifier example's kind of dataset: feature vectors and labels, `x.npy` (N, features)
+float32 and `y.npy` (N,) int64, written by `make-dataset --out DIR [--x X.npy --y Y.npy]`; the
+last `eval_samples` rows are the validation split. "synthetic" makes them in memory (a random
+linear teacher). Small enough to live on the GPU (data_on_gpu), where batches are gathered with
+no host copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..run.atomic import atomic_write_text
+from .info import DataInfo, DatasetKind, Splits
+from .tokens import DatasetError, file_sha256
+
+INDEX_FILE = "index.json"
+FORMAT = "npy-arrays/1"
+
+
+class Arrays:
+    """Inputs x and labels y: numpy arrays, memmaps, or torch tensors on the GPU (`to`)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.x.nbytes + self.y.nbytes)
+
+    def to(self, device: torch.device) -> None:
+        """Keep the arrays on `device`: batches are then gathered there (no host copy)."""
+        self.x = torch.as_tensor(np.asarray(self.x)).to(device)
+        self.y = torch.as_tensor(np.asarray(self.y)).to(device)
+
+    def gather(self, idx: np.ndarray):
+        idx = np.sort(idx)  # memmap pages in file order; the order within a batch is irrelevant
+        if isinstance(self.x, torch.Tensor):
+            index = torch.from_numpy(idx).to(self.x.device, non_blocking=True)
+            return self.x[index], self.y[index]
+        return torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
+
+
+class ArraySplit(Dataset):
+    """Rows [start, stop) of the arrays; `gather` reads a whole batch at once (no randomness:
+    the samples need no seeds of their own)."""
+
+    def __init__(self, arrays: Arrays, start: int, stop: int):
+        self.arrays, self.start, self.stop = arrays, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: int):
+        x, y = self.gather(np.array([index]))
+        return x[0], y[0]
+
+    def gather(self, indices: np.ndarray):
+        return self.arrays.gather(self.start + np.asarray(indices, dtype=np.int64))
+
+
+def splits(x, y, num_classes: int, fingerprint: str, eval_samples: int) -> Splits:
+    train_rows = len(x) - eval_samples
+    if train_rows <= 0:
+        raise DatasetError(f"dataset has {len(x)} samples, not more than eval_samples")
+    arrays = Arrays(x, y)
+    info = DataInfo("arrays", fingerprint, int(x.shape[1]), int(num_classes))
+    return Splits(
+        train=ArraySplit(arrays, 0, train_rows),
+        val=ArraySplit(arrays, train_rows, len(x)),
+        info=info,
+        nbytes=arrays.nbytes,
+        to=arrays.to,
+    )
+
+
+def open_arrays(directory: Path, cfg, spec) -> Splits:
+    x, y, classes, fingerprint = open_dataset(directory)
+    return splits(x, y, classes, fingerprint, cfg.eval_samples)
+
+
+def synthetic(cfg, spec) -> Splits:
+    x, y = synthetic_arrays(cfg.synthetic_samples, cfg.num_features, cfg.num_classes, cfg.seed)
+    fingerprint = f"synthetic:{cfg.synthetic_samples}x{cfg.num_features}:{cfg.num_classes}"
+    return splits(x, y, cfg.num_classes, fingerprint, cfg.eval_samples)
+
+
+def synthetic_arrays(samples: int, features: int, classes: int, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, features), dtype=np.float32)
+    teacher = rng.standard_normal((features, classes), dtype=np.float32)
+    noise = 0.5 * rng.standard_normal((samples, classes), dtype=np.float32)
+    y = np.argmax(x @ teacher + noise, axis=1).astype(np.int64)
+    return x, y
+
+
+def write_dataset(
+    out: Path,
+    x: np.ndarray,
+    y: np.ndarray,
+    num_classes: int | None = None,
+    chunk_rows: int = 1 << 16,
+) -> Path:
+    """Write `x.npy`, `y.npy` and `index.json` (last, so a directory with an index is complete)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(
+            f"need x of shape (N, features) and y of shape (N,); got {x.shape}, {y.shape}"
+        )
+    arrays = {"x": (x, np.float32), "y": (y, np.int64)}
+    entries, digest = {}, hashlib.sha256()
+    for name, (array, dtype) in arrays.items():
+        path = out / f"{name}.npy"
+        dst = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=array.shape)
+        for start in range(0, len(array), chunk_rows):  # bounded memory for large inputs
+            dst[start : start + chunk_rows] = array[start : start + chunk_rows]
+        dst.flush()
+        del dst
+        digest.update(file_sha256(path).encode())
+        entries[name] = {
+            "file": path.name,
+            "dtype": np.dtype(dtype).name,
+            "shape": list(array.shape),
+        }
+    classes = int(num_classes if num_classes is not None else int(np.max(y)) + 1)
+    index = {
+        "format": FORMAT,
+        "num_samples": len(x),
+        "num_features": int(x.shape[1]),
+        "num_classes": classes,
+        "arrays": entries,
+        "fingerprint": digest.hexdigest(),  # a resume refuses a rewritten dataset
+    }
+    atomic_write_text(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    return out
+
+
+def open_dataset(directory: Path):
+    """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps (its
+    index.json's format was checked by kinds.kind_of_directory)."""
+    directory = Path(directory)
+    index = json.loads((directory / INDEX_FILE).read_text())
+    x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
+    y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")
+    if len(x) != len(y):
+        raise DatasetError(f"{directory}: x has {len(x)} rows but y has {len(y)}")
+    fingerprint = index.get("fingerprint") or f"{directory}:{len(x)}"
+    return x, y, int(index["num_classes"]), fingerprint
+
+
+KIND = DatasetKind(name="arrays", format=FORMAT, open=open_arrays, synthetic=synthetic)
