@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed, parallel
-from .checkpoint.initial import check_source, initial_source, load_initial_weights
+from .checkpoint.initial import WeightSource, initial_source, load_initial_weights, open_initial
 from .config.settings import Config, ConfigError, check_resume, check_run_dir_config, save_config
 from .data import batches as data
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
@@ -193,12 +193,15 @@ def main_rank() -> bool:
 
 
 def train(cfg: Config) -> int:
-    if cfg.init_from and not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
-        check_source(cfg.init_from, cfg.run_dir)  # refused before the run directory is touched
+    initial = None  # a new run's initial weights, read and refused before the run dir is touched
+    if not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
+        initial = open_initial(cfg, spec_of(cfg), cfg.run_dir)
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
-        preemption.PreemptionFlag(SecondSignal(cfg.run_dir, is_main=main_rank())) as flag,
+        preemption.PreemptionFlag(
+            SecondSignal(cfg.run_dir, checkpoint.complete_steps, is_main=main_rank())
+        ) as flag,
         distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (
             env,
             device,
@@ -206,7 +209,7 @@ def train(cfg: Config) -> int:
     ):
         check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
         with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
-            return run_training(cfg, env, device, flag, lock)
+            return run_training(cfg, env, device, flag, lock, initial)
 
 
 def run_identity(cfg: Config) -> dict:
@@ -272,13 +275,16 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
         raise ConfigError(error)
 
 
-def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
-    """Load the newest good checkpoint into the run, refusing one from a different run."""
+def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource | None) -> None:
+    """Load the newest good checkpoint into the run, refusing one from a different run; a new
+    run loads its `initial` weights (checkpoint.initial.open_initial) instead."""
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
-    if step is None and initial_source(run.cfg, run.spec):
-        loaded, memory = load_initial_weights(run.model, run.spec, run.cfg, run.source.info)
+    if step is None and initial is not None:
+        loaded, memory = load_initial_weights(
+            run.model, run.spec, run.cfg, run.source.info, initial
+        )
         run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
         run.memory |= memory
         log.info(
@@ -309,7 +315,7 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     )
 
 
-def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
+def open_checkpoints(run: Run, initial: WeightSource | None) -> checkpoint.CheckpointManager:
     """The run's checkpoints with the newest good one loaded, and the run recorded in them."""
     cfg, env = run.cfg, run.env
     run_dir = RunDir(cfg.run_dir)
@@ -321,7 +327,7 @@ def open_checkpoints(run: Run) -> checkpoint.CheckpointManager:
         or (cfg.async_checkpoint == "auto" and run.device.type == "cuda"),
         timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
-    resume(run, ckpt)
+    resume(run, ckpt, initial)
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
         config=dataclasses.asdict(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
@@ -350,10 +356,12 @@ def record_written(done: list, schedule: preemption.CheckpointSchedule, meter) -
         )
 
 
-def run_training(cfg: Config, env: DistEnv, device: torch.device, flag, lock) -> int:
+def run_training(
+    cfg: Config, env: DistEnv, device: torch.device, flag, lock, initial: WeightSource | None
+) -> int:
     run_dir = RunDir(cfg.run_dir)
     run = build(cfg, env, device)
-    ckpt = open_checkpoints(run)
+    ckpt = open_checkpoints(run, initial)
     start = run.state.step
     eval_set = run.source.eval_batches(cfg.batch_size, env.rank, env.world_size, cfg.eval_batches)
     batches, inputs = input_pipeline(run, cfg.max_steps)
