@@ -35,7 +35,7 @@ from {{ cookiecutter.package_name }}.cli import main
     ],
 )
 def test_train_faults_end_in_one_line(monkeypatch, capsys, fault, expected):
-    def failing(cfg):
+    def failing(cfg, origins):
         raise fault
 
     monkeypatch.setattr(train_module, "train", failing)

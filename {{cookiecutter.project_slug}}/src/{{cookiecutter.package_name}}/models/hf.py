@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
