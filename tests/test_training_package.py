@@ -50,7 +50,7 @@ def test_package_layout(repo, package):
             "manager",
             "state",
         },
-        "config": {"__init__", "files", "settings"},
+        "config": {"__init__", "files", "resume", "settings"},
         "data": {
             "__init__",
             "batches",

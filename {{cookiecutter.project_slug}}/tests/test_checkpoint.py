@@ -215,12 +215,6 @@ def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     assert all(f"step-0000000{s}: file __0_0.distcp" in str(err.value) for s in (1, 2, 3))
 
 
-def test_single_file_checkpoint_of_the_previous_version_is_not_ignored(tmp_path):
-    (tmp_path / "step-00000040.pt").write_bytes(b"old format")
-    with pytest.raises(CheckpointError, match="step-00000040.pt is a checkpoint of an older"):
-        Run(tmp_path).manager.load_latest()
-
-
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     run = Run(tmp_path)
     run.step()
@@ -333,7 +327,7 @@ def test_export_refuses_bad_input(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         checkpoint.export_model(tmp_path, tmp_path / "model.pt")
     monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
-    with pytest.raises(CheckpointError, match="pip install safetensors"):
+    with pytest.raises(CheckpointError, match=r"pip install -e '\.\[safetensors\]'"):
         checkpoint.export_model(tmp_path, tmp_path / "model.safetensors")
     assert list(tmp_path.iterdir()) == []
 

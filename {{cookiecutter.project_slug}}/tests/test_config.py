@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }}.config.settings import (
     to_toml,
 )
 from {{ cookiecutter.package_name }}.config_keys import key, keys_of, read_toml
-from {{ cookiecutter.package_name }}.models import spec_of
+from {{ cookiecutter.package_name }}.models import MODELS, spec_of
 from {{ cookiecutter.package_name }}.models.gpt import GPTKeys
 from {{ cookiecutter.package_name }}.models.mlp import MLPKeys
 
@@ -228,7 +228,8 @@ def test_config_is_its_sections_and_the_models_keys():
     general = [f.name for f in dataclasses.fields(settings.GeneralConfig)]
     assert sorted(general) == sorted(k.name for k in GENERAL_KEYS)
     models = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in general}
-    assert models == {"gpt": GPTKeys, "mlp": MLPKeys, "hf": settings.MODEL_SECTIONS["hf"]}
+    assert models == {name: spec.keys for name, spec in MODELS.items() if spec.keys}
+    assert (models["gpt"], models["mlp"]) == (GPTKeys, MLPKeys)  # your model's too, if it has keys
     assert (Config().gpt, Config().mlp) == (GPTKeys(), MLPKeys())
     homes = {section.__name__: section.__module__ for section in settings.SECTIONS}
     assert {name for name, home in homes.items() if home == settings.__name__} == {

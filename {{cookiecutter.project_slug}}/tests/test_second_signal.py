@@ -6,6 +6,7 @@ import time
 
 from conftest import TINY, Ranks, checkpoint_steps
 
+from {{ cookiecutter.package_name }}.checkpoint import complete_steps
 from {{ cookiecutter.package_name }}.run import interrupts, preemption
 
 
@@ -33,7 +34,7 @@ def test_the_second_stop_signal_exits_at_once_naming_the_last_checkpoint(
     plant_checkpoint(tmp_path, 20)
     plant_checkpoint(tmp_path, 30, complete=False)  # cut off: not where a restart resumes
     exits, clock = [], Clock()
-    second = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock)
+    second = interrupts.SecondSignal(tmp_path, complete_steps, exit=exits.append, clock=clock)
     second(signal.SIGUSR2)  # Slurm's warning is not a stop request
     second(signal.SIGTERM)
     assert exits == [] and "send it again to stop at once" in caplog.text
@@ -50,13 +51,17 @@ def test_the_second_stop_signal_exits_at_once_naming_the_last_checkpoint(
 
 def test_no_checkpoint_yet_is_said_and_other_ranks_stay_quiet(tmp_path, caplog, monkeypatch):
     exits, clock = [], Clock()
-    second = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock, is_main=True)
+    second = interrupts.SecondSignal(
+        tmp_path, complete_steps, exit=exits.append, clock=clock, is_main=True
+    )
     second(signal.SIGTERM)
     clock.now += 1
     second(signal.SIGTERM)
     assert exits == [143] and "no complete checkpoint yet" in caplog.text
     caplog.clear()
-    quiet = interrupts.SecondSignal(tmp_path, exit=exits.append, clock=clock, is_main=False)
+    quiet = interrupts.SecondSignal(
+        tmp_path, complete_steps, exit=exits.append, clock=clock, is_main=False
+    )
     quiet(signal.SIGTERM)
     clock.now += 1
     quiet(signal.SIGTERM)
@@ -65,7 +70,7 @@ def test_no_checkpoint_yet_is_said_and_other_ranks_stay_quiet(tmp_path, caplog, 
 
 def test_the_flag_hands_every_signal_to_the_second_signal_check(tmp_path):
     exits = []
-    second = interrupts.SecondSignal(tmp_path, exit=exits.append)
+    second = interrupts.SecondSignal(tmp_path, complete_steps, exit=exits.append)
     before = signal.getsignal(signal.SIGINT)
     with preemption.PreemptionFlag(second) as flag:
         os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt if not handled

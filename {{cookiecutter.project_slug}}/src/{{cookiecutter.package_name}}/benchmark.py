@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, distributed
-from .checkpoint.initial import initial_source, load_initial_weights
+from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config
 from .distributed import DistEnv
 from .optim import make_optimizer
@@ -69,8 +69,9 @@ def _block_time(step, device: torch.device, n: int) -> float:
 def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     """Warmup, then `bench_steps` steps of each loop in alternating blocks; the figures."""
     run = build(cfg, env, device)
-    if initial_source(cfg, run.spec):  # init_from, model=hf's pretrained weights
-        run.memory |= load_initial_weights(run.model, run.spec, cfg, run.source.info)[1]
+    initial = open_initial(cfg, run.spec)  # init_from, model=hf's pretrained weights
+    if initial is not None:
+        run.memory |= load_initial_weights(run.model, run.spec, cfg, run.source.info, initial)[1]
     total = cfg.bench_warmup + cfg.bench_steps + BLOCK
     _, inputs = input_pipeline(run, total + 1)
     try:

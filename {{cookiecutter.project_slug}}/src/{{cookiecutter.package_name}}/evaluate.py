@@ -11,8 +11,7 @@ import math
 from pathlib import Path
 
 from . import checkpoint, distributed
-from .checkpoint.export import _find_checkpoint, read_checkpoint
-from .checkpoint.integrity import verify
+from .checkpoint import complete_checkpoints, read_checkpoint, verify
 from .config.settings import Config, load_config
 from .config_keys import ConfigError, split_assignment
 from .data import batches as data
@@ -47,7 +46,7 @@ def evaluation_config(overrides: list[str]) -> Config:
 def recorded_vocabulary(run_dir: Path) -> int | None:
     """The vocabulary the newest checkpoint's model was built for (its recorded data_info).
     A damaged checkpoint is passed over here; the manager names it when it skips it too."""
-    for path in _find_checkpoint(RunDir(run_dir).checkpoints):
+    for path in complete_checkpoints(RunDir(run_dir).checkpoints):
         if verify(path):
             continue
         extra = read_checkpoint(path, lambda key: key == "train.extra").get("train.extra")

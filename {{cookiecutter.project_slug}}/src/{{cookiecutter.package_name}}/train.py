@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed, parallel
-from .checkpoint.initial import check_source, initial_source, load_initial_weights
+from .checkpoint.initial import WeightSource, initial_source, load_initial_weights, open_initial
 from .config.resume import check_resume, check_run_dir_config
 from .config.settings import Config, ConfigError, config_record, save_config
 from .data import batches as data
@@ -201,12 +201,15 @@ def main_rank() -> bool:
 
 
 def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
-    if cfg.init_from and not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
-        check_source(cfg.init_from, cfg.run_dir)  # refused before the run directory is touched
+    initial = None  # a new run's initial weights, read and refused before the run dir is touched
+    if not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
+        initial = open_initial(cfg, spec_of(cfg), cfg.run_dir)
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
-        preemption.PreemptionFlag(SecondSignal(cfg.run_dir, is_main=main_rank())) as flag,
+        preemption.PreemptionFlag(
+            SecondSignal(cfg.run_dir, checkpoint.complete_steps, is_main=main_rank())
+        ) as flag,
         distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (
             env,
             device,
@@ -214,7 +217,7 @@ def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
     ):
         check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
         with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
-            return run_training(cfg, env, device, flag, lock, origins)
+            return run_training(cfg, env, device, flag, lock, initial, origins)
 
 
 def run_identity(cfg: Config) -> dict:
@@ -280,13 +283,16 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
         raise ConfigError(error)
 
 
-def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
-    """Load the newest good checkpoint into the run, refusing one from a different run."""
+def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource | None) -> None:
+    """Load the newest good checkpoint into the run, refusing one from a different run; a new
+    run loads its `initial` weights (checkpoint.initial.open_initial) instead."""
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
-    if step is None and initial_source(run.cfg, run.spec):
-        loaded, memory = load_initial_weights(run.model, run.spec, run.cfg, run.source.info)
+    if step is None and initial is not None:
+        loaded, memory = load_initial_weights(
+            run.model, run.spec, run.cfg, run.source.info, initial
+        )
         run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
         run.memory |= memory
         log.info(
@@ -317,9 +323,12 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager) -> None:
     )
 
 
-def open_checkpoints(run: Run, origins: dict[str, str] | None) -> checkpoint.CheckpointManager:
-    """The run's checkpoints with the newest good one loaded, and the run recorded in them and
-    in config.toml (with where its values came from: `origins`, load_config's)."""
+def open_checkpoints(
+    run: Run, initial: WeightSource | None, origins: dict[str, str] | None
+) -> checkpoint.CheckpointManager:
+    """The run's checkpoints with the newest good one loaded (or a new run's initial weights),
+    and the run recorded in them and in config.toml (with where its values came from:
+    `origins`, load_config's)."""
     cfg, env = run.cfg, run.env
     run_dir = RunDir(cfg.run_dir)
     ckpt = checkpoint.CheckpointManager(
@@ -330,7 +339,7 @@ def open_checkpoints(run: Run, origins: dict[str, str] | None) -> checkpoint.Che
         or (cfg.async_checkpoint == "auto" and run.device.type == "cuda"),
         timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
-    resume(run, ckpt)
+    resume(run, ckpt, initial)
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
         config=config_record(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
@@ -360,11 +369,17 @@ def record_written(done: list, schedule: preemption.CheckpointSchedule, meter) -
 
 
 def run_training(
-    cfg: Config, env: DistEnv, device: torch.device, flag, lock, origins: dict[str, str] | None
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,
+    flag,
+    lock,
+    initial: WeightSource | None,
+    origins: dict[str, str] | None,
 ) -> int:
     run_dir = RunDir(cfg.run_dir)
     run = build(cfg, env, device)
-    ckpt = open_checkpoints(run, origins)
+    ckpt = open_checkpoints(run, initial, origins)
     start = run.state.step
     eval_set = data.eval_batches(
         run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches

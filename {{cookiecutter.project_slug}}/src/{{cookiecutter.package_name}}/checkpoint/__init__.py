@@ -8,7 +8,8 @@
 - `state`      the parts a checkpoint holds: `ModelAndOptimizer`, `TrainState`, `RNGState`
                (any object with `state_dict()`/`load_state_dict()` works: a scheduler, a scaler)
 - `manager`    `CheckpointManager`: save (sync or async), keep the newest few, resume
-- `integrity`  when a checkpoint is trusted (COMPLETE.json lists exactly its files, checksums)
+- `integrity`  when a checkpoint is trusted (COMPLETE.json lists exactly its files, checksums);
+               `complete_checkpoints`: those of a run directory, newest first
 - `export`     the model alone, in one process: `load_model_state`, `export_model`
 
 On restart the newest checkpoint that passes its checks is loaded; a complete but damaged one
@@ -20,6 +21,7 @@ from .export import export_model, git_commit, load_model_state, read_checkpoint
 from .integrity import (
     MARKER,
     CheckpointError,
+    complete_checkpoints,
     complete_steps,
     describe,
     file_record,
@@ -38,6 +40,7 @@ __all__ = [
     "SaveStats",
     "TrainState",
     "check_replicas",
+    "complete_checkpoints",
     "complete_steps",
     "describe",
     "export_model",

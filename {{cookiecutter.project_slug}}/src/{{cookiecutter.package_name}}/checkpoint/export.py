@@ -13,23 +13,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
+from ..config_keys import optional_import
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
-from .integrity import MARKER, CheckpointError, complete_steps, step_path, verify
+from .integrity import MARKER, CheckpointError, complete_checkpoints, verify
 from .manager import single_process_is_intended
 
 log = logging.getLogger(__name__.split(".")[0])
-
-
-def _find_checkpoint(run_dir: Path) -> list[Path]:
-    """Candidates, newest first: `run_dir` itself if it is a checkpoint, else the checkpoints
-    in `run_dir/checkpoints` (or in `run_dir`)."""
-    run_dir = Path(run_dir)
-    if (run_dir / MARKER).exists():
-        return [run_dir]
-    checkpoints = RunDir(run_dir).checkpoints
-    directory = checkpoints if checkpoints.is_dir() else run_dir
-    return [step_path(directory, s) for s in complete_steps(directory)[::-1]]
 
 
 def load_model_state(run_dir: Path) -> tuple[dict, dict]:
@@ -38,7 +28,7 @@ def load_model_state(run_dir: Path) -> tuple[dict, dict]:
     no process group needed, whatever the number of ranks that wrote it."""
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
-    candidates = _find_checkpoint(run_dir)
+    candidates = complete_checkpoints(run_dir)
     if not candidates:
         raise CheckpointError(f"no complete checkpoint in {run_dir}")
     for path in candidates:
@@ -94,12 +84,9 @@ def export_model(run_dir: Path, out: Path) -> Path:
     if out.suffix not in (".pt", ".safetensors"):
         raise ValueError(f"export: --out must end in .pt or .safetensors, got {str(out)!r}")
     if out.suffix == ".safetensors":
-        try:
-            import safetensors.torch
-        except ImportError:
-            raise CheckpointError(
-                "exporting .safetensors needs the safetensors package: pip install safetensors"
-            ) from None
+        st = optional_import(
+            "safetensors.torch", "safetensors", "export to .safetensors", error=CheckpointError
+        )
     config, state = load_model_state(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -107,7 +94,7 @@ def export_model(run_dir: Path, out: Path) -> Path:
             atomic_write(out, lambda tmp: torch.save(state, tmp))
         else:
             meta = {"format": "pt", "config": json.dumps(as_built(config), sort_keys=True)}
-            atomic_write(out, lambda tmp: safetensors.torch.save_file(state, str(tmp), meta))
+            atomic_write(out, lambda tmp: st.save_file(state, str(tmp), meta))
     except Exception as err:  # torch's and safetensors' writers hide a full disk's errno
         cause = hidden_write_cause(err, out.parent)
         if cause is None:

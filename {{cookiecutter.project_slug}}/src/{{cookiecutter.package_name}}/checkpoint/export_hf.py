@@ -1,7 +1,8 @@
 """`export run_dir=R --format hf --out DIR`: the newest checkpoint's model as a directory that
 transformers' `AutoModelForCausalLM.from_pretrained(DIR)` loads, and so lm-eval-harness and vLLM:
 config.json, safetensors (sharded above 5 GB), and the dataset's tokenizer.json when it has one
-(`AutoTokenizer.from_pretrained(DIR)`). The model's spec says how (`ModelSpec.hf`)."""
+(`AutoTokenizer.from_pretrained(DIR)`). The model's spec maps the names and shapes
+(`ModelSpec.hf`); hf_format writes the files."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def export_hf(run_dir: Path, out: Path, max_shard_bytes: int = hf_format.MAX_SHA
     if spec.hf is None:
         raise ConfigError(f"export --format hf: model={cfg.model} has no Hugging Face format")
     info = saved_data_info(values, run_dir)
-    config, tensors = spec.hf.save(cfg, info, state)
+    config, tensors = spec.hf.config(cfg, info), spec.hf.to_hf(cfg, info, state)
     extra = {}
     tokenizer = Path(cfg.dataset) / TOKENIZER
     with tempfile.TemporaryDirectory() as scratch:

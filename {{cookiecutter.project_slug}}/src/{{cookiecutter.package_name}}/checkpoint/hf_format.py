@@ -1,7 +1,13 @@
 """Hugging Face model directories on disk: `config.json` and the weights in safetensors, one file
 (`model.safetensors`) or shards with an index (`model.safetensors.index.json`), as
 `save_pretrained` writes them. Reading needs the `safetensors` package (the `[hf]` extra), not
-transformers. Which names and shapes a model has is its spec's business (`ModelSpec.hf`)."""
+transformers (but for layouts whose names do not map one to one). Which names and shapes a
+model has is its spec's business (`ModelSpec.hf`): this module reads and writes the files.
+
+Reading and writing use safetensors directly rather than torch's HuggingFaceStorageReader /
+HuggingFaceStorageWriter or huggingface_hub's save_torch_state_dict: measured on GPT-2 124M
+(docs/finetune.md), they were as fast or slower and held more memory, and the reader needs
+tensors in the files' layout where the GPT keeps GPT-2's Conv1D weights transposed."""
 
 from __future__ import annotations
 
@@ -12,25 +18,36 @@ from pathlib import Path
 
 import torch
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, first_line, optional_import
 from ..run.atomic import atomic_write_text, fsync, hidden_write_cause, temp_name
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 2**30  # transformers' default shard size (5 GB)
 
 
-def safetensors_module():
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise ConfigError(
-            "Hugging Face weights need the safetensors package: pip install -e '.[hf]'"
-        ) from None
-    return safetensors
+def safetensors_torch():
+    return optional_import("safetensors.torch", "hf", "Hugging Face weights")
+
+
+@dataclass(frozen=True)
+class HFDir:
+    """A Hugging Face model directory, read once: its config.json and where each of its
+    tensors is (name -> (safetensors file, shape), from the files' headers)."""
+
+    path: Path
+    config: dict
+    tensors: dict[str, tuple[Path, tuple[int, ...]]]
 
 
 def is_hf_dir(path: Path) -> bool:
     return (Path(path) / "config.json").is_file()
+
+
+def open_dir(directory: Path) -> HFDir:
+    """config.json and the tensors' names and shapes of `directory`; no weights are read. A
+    broken config.json, index or weight file is named in one line."""
+    directory = Path(directory)
+    return HFDir(directory, read_config(directory), stored_tensors(weight_files(directory)))
 
 
 def read_config(directory: Path) -> dict:
@@ -48,7 +65,6 @@ def read_config(directory: Path) -> dict:
 
 def weight_files(directory: Path) -> list[Path]:
     """The safetensors files of `directory`, from its index when it has one."""
-    directory = Path(directory)
     if (directory / INDEX).is_file():
         try:
             names = sorted(set(json.loads((directory / INDEX).read_text())["weight_map"].values()))
@@ -69,32 +85,18 @@ def weight_files(directory: Path) -> list[Path]:
     return files
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where one of the model's tensors comes from: tensor `name` of the safetensors `file`
-    (stored transposed: GPT-2's Conv1D weights), or a `tensor` already in memory. `shape` is
-    the model's tensor; rows past the stored ones are zeros (the GPT pads its vocabulary)."""
-
-    name: str
-    shape: tuple[int, ...]
-    file: Path | None = None
-    transposed: bool = False
-    tensor: torch.Tensor | None = None
-
-
 def _unreadable(path: Path, err: Exception) -> ConfigError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return ConfigError(f"{path}: cannot read the weights ({first})")
+    return ConfigError(f"{path}: cannot read the weights ({first_line(err)})")
 
 
-def stored_tensors(directory: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """name -> (file, shape) of every tensor in the directory's safetensors files, from their
-    headers: no weights are read. A truncated or foreign file is named here."""
-    safetensors = safetensors_module()
+def stored_tensors(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """name -> (file, shape) of every tensor in the safetensors `files`, from their headers. A
+    truncated or foreign file is named here."""
+    st = safetensors_torch()
     stored = {}
-    for path in weight_files(directory):
+    for path in files:
         try:
-            with safetensors.safe_open(str(path), framework="pt") as f:
+            with st.safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
                     stored[name] = (path, tuple(f.get_slice(name).get_shape()))
         except Exception as err:  # SafetensorError (truncated, not safetensors), OSError
@@ -102,26 +104,45 @@ def stored_tensors(directory: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return stored
 
 
-def read_rows(source: Source, start: int, stop: int) -> torch.Tensor:
-    """Rows start..stop of the model's tensor (all of a 0-d one): only these are read from the
-    file, which is opened for this read alone (its pages are not kept mapped)."""
-    if source.tensor is not None:
-        return source.tensor if source.tensor.dim() == 0 else source.tensor[start:stop]
-    safetensors = safetensors_module()
+def read_rows(
+    stored: Path | torch.Tensor, name: str, start: int, stop: int, transposed: bool = False
+) -> torch.Tensor:
+    """Rows start..stop of the model's tensor `name` (all of a 0-d one), from the safetensors
+    file `stored` or from a tensor in memory; `transposed`: stored as the model tensor's
+    transpose. Only these rows are read from a file, which is opened for this read alone (its
+    pages are not kept mapped); rows past the stored ones are zeros."""
+    if isinstance(stored, torch.Tensor):
+        return stored if stored.dim() == 0 else stored[start:stop]
     try:
-        with safetensors.safe_open(str(source.file), framework="pt") as f:
-            stored = f.get_slice(source.name)
-            if not source.shape:
-                return f.get_tensor(source.name)
-            if source.transposed:
-                return stored[:, start:stop].t()
-            have = stored.get_shape()[0]
-            rows = stored[min(start, have) : min(stop, have)]
+        with safetensors_torch().safe_open(str(stored), framework="pt") as f:
+            part = f.get_slice(name)
+            if not part.get_shape():
+                return f.get_tensor(name)
+            if transposed:
+                return part[:, start:stop].t()
+            have = part.get_shape()[0]
+            rows = part[min(start, have) : min(stop, have)]
     except Exception as err:  # the file changed or went away since its header was read
-        raise _unreadable(source.file, err) from None
+        raise _unreadable(stored, err) from None
     if rows.shape[0] < stop - start:  # zero rows the file does not hold
         rows = torch.cat([rows, rows.new_zeros(stop - start - rows.shape[0], *rows.shape[1:])])
     return rows
+
+
+def load_with_transformers(directory: Path) -> dict[str, torch.Tensor]:
+    """The directory's model as transformers' own loader builds it (each architecture's
+    renamings applied): module name -> tensor, for layouts whose names do not map one to one.
+    A tensor it finds no weights for is refused (transformers would initialise it randomly)."""
+    transformers = optional_import("transformers", "hf", f"reading {directory}")
+    try:
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, local_files_only=True, output_loading_info=True
+        )
+    except Exception as err:  # missing or truncated safetensors: transformers' own words
+        raise ConfigError(f"{directory}: transformers cannot load it: {first_line(err)}") from None
+    if info["missing_keys"]:
+        raise ConfigError(f"{directory}: it has no weights for {sorted(info['missing_keys'])[0]}")
+    return model.state_dict()
 
 
 def write_model_dir(
@@ -133,7 +154,7 @@ def write_model_dir(
 ) -> Path:
     """Write a directory save_pretrained would write, complete or not at all: everything goes to
     a temporary directory next to `out`, which is renamed to `out` at the end."""
-    safetensors = safetensors_module()
+    st = safetensors_torch()
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} exists: export writes a new directory")
@@ -151,7 +172,7 @@ def write_model_dir(
         )
         for name, part in zip(names, shards, strict=True):
             try:
-                safetensors.torch.save_file(part, str(tmp / name), metadata={"format": "pt"})
+                st.save_file(part, str(tmp / name), metadata={"format": "pt"})
             except Exception as err:  # SafetensorError: "os error 28", the errno lost
                 cause = hidden_write_cause(err, tmp)
                 if cause is None:

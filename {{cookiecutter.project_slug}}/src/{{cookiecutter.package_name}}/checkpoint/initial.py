@@ -9,6 +9,10 @@ tensor, each rank its rows. With the model built on the meta device (train.build
 holds the whole model or the whole checkpoint at any time. Names and shapes are compared
 first: a source that is not the configured model is refused naming the first tensor (or
 setting) that differs.
+
+A source is read once (`open_initial`, before the run directory is touched): a Hugging Face
+directory's config.json, weight files and tensor headers, or a run directory's checkpoints.
+What the run's model calls each Hugging Face tensor is its spec's map (`ModelSpec.hf`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,7 @@ from torch.distributed.tensor import DTensor
 from ..config_keys import ConfigError
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
-from .export import _find_checkpoint
-from .integrity import MARKER, verify
+from .integrity import MARKER, complete_checkpoints, verify
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -42,67 +45,111 @@ def initial_source(cfg, spec) -> str | None:
     return cfg.init_from or (spec.initial_weights(cfg) if spec.initial_weights else None)
 
 
-def check_source(init_from: str, run_dir: str) -> None:
-    """Before the run directory is touched: `init_from` is a directory, not this run's own, and
-    holds a Hugging Face model or a complete checkpoint. One line naming it otherwise."""
-    path = Path(init_from)
+# A source, read once: a Hugging Face directory (its config.json and tensors' headers), or the
+# complete checkpoints of a run directory, newest first.
+WeightSource = hf_format.HFDir | list[Path]
+
+
+def open_initial(cfg, spec, run_dir: str = "") -> WeightSource | None:
+    """The new run's `initial_source`, checked and read once (None: there is none). Called
+    before the run directory is touched (`run_dir`: the run's own, which cannot be its source):
+    a source that is missing, not a directory or broken is named in one line."""
+    where = initial_source(cfg, spec)
+    if not where:
+        return None
+    path = Path(where)
     if not path.exists():
-        raise ConfigError(f"init_from={init_from}: does not exist")
+        raise ConfigError(f"init_from={where}: does not exist")
     if not path.is_dir():
-        raise ConfigError(f"init_from={init_from}: a file; a run directory or a model directory")
-    if path.resolve() == Path(run_dir).resolve():
+        raise ConfigError(f"init_from={where}: a file; a run directory or a model directory")
+    if run_dir and path.resolve() == Path(run_dir).resolve():
         raise ConfigError(
-            f"init_from={init_from} is this run's own run_dir: to continue a run, start it again "
+            f"init_from={where} is this run's own run_dir: to continue a run, start it again "
             "without init_from (it resumes from its newest checkpoint)"
         )
     if hf_format.is_hf_dir(path):
-        hf_format.weight_files(path)
-        return
-    if not _find_checkpoint(path):
+        return hf_format.open_dir(path)
+    checkpoints = complete_checkpoints(path)
+    if not checkpoints:
         raise ConfigError(
-            f"init_from={init_from}: neither a Hugging Face model directory (no config.json) nor "
+            f"init_from={where}: neither a Hugging Face model directory (no config.json) nor "
             "a run directory with a complete checkpoint"
         )
+    return checkpoints
 
 
-def load_initial_weights(model: torch.nn.Module, spec, cfg, info) -> tuple[str, dict]:
-    """Load a new run's initial weights (`initial_source`) into `model` (plain, DDP or FSDP2),
+def load_initial_weights(
+    model: torch.nn.Module, spec, cfg, info, source: WeightSource
+) -> tuple[str, dict]:
+    """Load a new run's initial weights (`open_initial`) into `model` (plain, DDP or FSDP2),
     each rank its part. Returns what was loaded, and this rank's peak host memory so far
     beside the size of the model's weights (GiB)."""
-    path = Path(initial_source(cfg, spec))
-    if hf_format.is_hf_dir(path):
-        loaded = _from_hf_dir(model, spec, cfg, info, path)
+    if isinstance(source, hf_format.HFDir):
+        loaded = _from_hf_dir(model, spec, cfg, info, source)
     else:
-        loaded = _from_run_dir(model, path)
+        loaded = _from_run_dir(model, source)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes
     return loaded, {"model_gib": weights / 2**30, "peak_rss_gib": peak_resident_gib()}
 
 
-def _from_hf_dir(model, spec, cfg, info, path: Path) -> str:
+def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
+    path = directory.path
     if spec.hf is None:
         raise ConfigError(
             f"init_from={path}: model={cfg.model} has no Hugging Face format (ModelSpec.hf); "
             "start from a run directory of this package instead"
         )
-    config = hf_format.read_config(path)
     state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
     tied = tied_names(state)
     expected = {k: tuple(v.shape) for k, v in state.items() if k not in tied}
-    try:
-        sources = spec.hf.load(cfg, info, path, expected)
-    except ConfigError:  # the directory's files: the message names them
-        raise
-    except ValueError as err:
-        raise ConfigError(f"init_from={path}: not the configured model: {err}") from None
-    check_same_tensors(path, {k: tuple(s.shape) for k, s in sources.items()}, expected)
+    names, stored = _name_map(spec, cfg, info, directory, expected)
+    check_same_tensors(path, stored_shapes(names, stored, expected), expected)
     with torch.no_grad():
-        for key, source in sources.items():
+        for key, hf in names.items():
             local, start = local_rows(state[key])
-            local.copy_(hf_format.read_rows(source, start, start + local.shape[0]))
+            where = stored[hf.name][0]
+            rows = hf_format.read_rows(where, hf.name, start, start + local.shape[0], hf.transposed)
+            local.copy_(rows)
     for key, same_as in tied.items():
         state[key] = state[same_as]
     set_model_state_dict(model, state)
-    return f"{path} (Hugging Face {config.get('model_type')})"
+    return f"{path} (Hugging Face {directory.config.get('model_type')})"
+
+
+def _name_map(spec, cfg, info, directory: hf_format.HFDir, expected: dict) -> tuple[dict, dict]:
+    """The model's names -> HFName (the spec's map), and where each Hugging Face tensor is:
+    name -> (file or tensor in memory, shape). Where the names do not map one to one, the
+    tensors are those transformers' own loader makes of the files, read whole, once."""
+    stored: dict = directory.tensors
+    try:
+        names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
+        if names is None:
+            whole = hf_format.load_with_transformers(directory.path)
+            stored = {name: (tensor, tuple(tensor.shape)) for name, tensor in whole.items()}
+            names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
+    except ConfigError:  # the directory's files: the message names them
+        raise
+    except ValueError as err:
+        raise ConfigError(f"init_from={directory.path}: not the configured model: {err}") from None
+    if names is None:
+        raise ConfigError(
+            f"init_from={directory.path}: its tensors do not map to the model's, also as "
+            "transformers loads them"
+        )
+    return names, stored
+
+
+def stored_shapes(names: dict, stored: dict, expected: dict) -> dict[str, tuple[int, ...]]:
+    """The shape each of the model's tensors has as read: the stored one, transposed where it
+    is stored transposed, and with the model's rows where the map allows padding rows."""
+    shapes = {}
+    for key, hf in names.items():
+        shape = stored[hf.name][1][::-1] if hf.transposed else stored[hf.name][1]
+        rows = expected.get(key, (0,))[0] if shape else 0
+        if hf.padded and shape and shape[0] <= rows:
+            shape = (rows, *shape[1:])
+        shapes[key] = shape
+    return shapes
 
 
 def tied_names(state: dict) -> dict[str, str]:
@@ -138,8 +185,8 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     return local, min(tensor.device_mesh.get_local_rank() * chunk, rows)
 
 
-def _from_run_dir(model, path: Path) -> str:
-    for checkpoint in _find_checkpoint(path):
+def _from_run_dir(model, checkpoints: list[Path]) -> str:
+    for checkpoint in checkpoints:
         problem = verify(checkpoint)
         if problem:
             log.warning("init_from: skipping checkpoint %s: %s", checkpoint, problem)
@@ -164,7 +211,9 @@ def _from_run_dir(model, path: Path) -> str:
         )
         set_model_state_dict(model, state)
         return f"{checkpoint} (run directory)"
-    raise ConfigError(f"init_from={path}: none of its checkpoints passes its checks")
+    raise ConfigError(
+        f"init_from={checkpoints[0].parent}: none of its checkpoints passes its checks"
+    )
 
 
 def check_same_tensors(source: Path, found: dict, expected: dict) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import CheckpointException
 
 from ..run.atomic import hidden_write_cause
+from ..run.rundir import RunDir
 
 MARKER = "COMPLETE.json"
 METADATA = ".metadata"  # DCP's index: which bytes of which file hold which tensor
@@ -66,6 +67,18 @@ def is_complete(path: Path) -> bool:
 def complete_steps(directory: Path) -> list[int]:
     """Steps of the complete checkpoints in `directory`, oldest first (not verified)."""
     return [s for s in all_steps(directory) if is_complete(step_path(directory, s))]
+
+
+def complete_checkpoints(path: Path) -> list[Path]:
+    """The complete checkpoints `path` names, newest first (not verified): `path` itself if it
+    is a checkpoint, else those of the run directory `path`, or of the checkpoints directory
+    `path` (a run directory's `checkpoints/`)."""
+    path = Path(path)
+    if (path / MARKER).exists():
+        return [path]
+    checkpoints = RunDir(path).checkpoints
+    directory = checkpoints if checkpoints.is_dir() else path
+    return [step_path(directory, s) for s in complete_steps(directory)[::-1]]
 
 
 def is_interrupted_save(path: Path) -> bool:

@@ -319,7 +319,7 @@ class CheckpointManager:
         self._last_step = loaded
         return loaded
 
-    def _survey(self) -> list[tuple[int, str]] | str:
+    def _survey(self) -> list[tuple[int, str]]:
         """Rank 0: (step, "complete" | "interrupted" | why unverifiable), newest first."""
         found = []
         for step in all_steps(self.directory)[::-1]:
@@ -329,9 +329,6 @@ class CheckpointManager:
             else:
                 kind = "interrupted" if is_interrupted_save(path) else why_unverifiable(path)
             found.append((step, kind))
-        old_format = sorted(p.name for p in self.directory.glob("step-*.pt"))
-        if old_format and not any(kind == "complete" for _, kind in found):
-            return f"{old_format[-1]} is a checkpoint of an older version of this code"
         return found
 
     def _verify(self, path: Path) -> str | None:

@@ -273,11 +273,14 @@ SPEC = spec.ModelSpec(
     describe=lambda cfg: f"gpt:{cfg.gpt.preset}",
     architecture=as_built,
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
-        load=lambda cfg, info, directory, expected: gpt_hf.load_dir(
-            directory, config_of(cfg, info), cfg.vocab_size or info.vocab_size
+        from_hf=lambda cfg, info, hf, names, _: gpt_hf.from_hf(
+            hf, names, config_of(cfg, info), cfg.vocab_size or info.vocab_size
         ),
-        save=lambda cfg, info, state: gpt_hf.to_hf(
+        to_hf=lambda cfg, info, state: gpt_hf.to_hf(
             state, config_of(cfg, info), cfg.vocab_size or info.vocab_size
+        ),
+        config=lambda cfg, info: gpt_hf.hf_config(
+            config_of(cfg, info), cfg.vocab_size or info.vocab_size
         ),
     ),
 )

@@ -6,17 +6,17 @@ The two differ in names only, and in one layout: GPT-2's linear layers are `Conv
 weight is stored (in, out), the transpose of `nn.Linear`'s (out, in) - as nanoGPT's
 `from_pretrained` does. GPT-2 has biases and the tanh GELU (`gelu_new`): the package's GPT
 takes them with `bias=true gelu=tanh`; a GPT without biases is written with zero biases.
+Only names, shapes and config.json's settings are here; checkpoint/ reads and writes the files.
 Nothing here imports transformers: config.json is plain JSON.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 import torch
 
-if TYPE_CHECKING:  # imported where used: the checkpoint package loads torch's DCP
-    from ..checkpoint import hf_format
+from .spec import HFName
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}  # HF name -> ours
@@ -60,41 +60,25 @@ def check_config(hf: dict, gpt, vocab_size: int) -> None:
         raise Mismatch("its output layer is not tied to the token embedding (the GPT's is)")
 
 
-def sources(hf: dict, stored: dict, gpt, vocab_size: int) -> dict[str, hf_format.Source]:
-    """Where each tensor of the GPT is in a GPT-2 directory: `stored` is its tensors' names
-    (with or without `transformer.`) -> (file, shape). Conv1D weights are read transposed; the
+def from_hf(hf: dict, names: Iterable[str], gpt, vocab_size: int) -> dict[str, HFName]:
+    """Where each tensor of the GPT is among a GPT-2's: `hf` is its config.json, `names` its
+    tensors' names (with or without `transformer.`). Conv1D weights are stored transposed; the
     embedding's rows past GPT-2's vocabulary are zeros (the GPT's padded vocabulary); the
     output layer is the embedding (tied), so it is not read."""
-    from ..checkpoint import hf_format
-
     check_config(hf, gpt, vocab_size)
     found = {}
-    for name, (file, shape) in stored.items():
+    for name in names:
         short = name.removeprefix("transformer.")
         if short.endswith(BUFFERS) or short == "lm_head.weight":  # masks; the tied output layer
             continue
         ours = short.replace("h.", "blocks.", 1) if short.startswith("h.") else short
-        if short.endswith(CONV1D):
-            found[ours] = hf_format.Source(name, shape[::-1], file, transposed=True)
-        elif ours == "wte.weight":
-            found[ours] = hf_format.Source(name, (gpt.vocab_size, *shape[1:]), file)
-        else:
-            found[ours] = hf_format.Source(name, shape, file)
+        found[ours] = HFName(name, transposed=short.endswith(CONV1D), padded=ours == "wte.weight")
     return found
 
 
-def load_dir(directory, gpt, vocab_size: int) -> dict[str, hf_format.Source]:
-    """Where the GPT's tensors are in a GPT-2 directory (config.json and safetensors)."""
-    from ..checkpoint import hf_format
-
-    return sources(
-        hf_format.read_config(directory), hf_format.stored_tensors(directory), gpt, vocab_size
-    )
-
-
-def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, dict]:
-    """The GPT's state dict -> (config.json, tensors) of a GPT2LMHeadModel: the embedding cut
-    to the real vocabulary, Conv1D weights transposed, zero biases for a GPT without them."""
+def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The GPT's state dict -> the tensors of a GPT2LMHeadModel: the embedding cut to the real
+    vocabulary, Conv1D weights transposed, zero biases for a GPT without them."""
     tensors = {}
     for name, tensor in state.items():
         if name == "lm_head.weight":  # tied to wte: GPT-2 stores it once
@@ -107,7 +91,12 @@ def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, d
             if name.endswith(".weight") and "wte" not in name and "wpe" not in name:
                 out = tensor.shape[-1] if name.endswith(CONV1D) else tensor.shape[0]
                 tensors[name.removesuffix(".weight") + ".bias"] = tensor.new_zeros(out)
-    config = {
+    return tensors
+
+
+def hf_config(gpt, vocab_size: int) -> dict:
+    """The config.json of the GPT as a GPT2LMHeadModel."""
+    return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": vocab_size,
@@ -124,4 +113,3 @@ def to_hf(state: dict[str, torch.Tensor], gpt, vocab_size: int) -> tuple[dict, d
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
     }
-    return config, tensors

@@ -8,14 +8,18 @@ the blocks that FSDP shards one by one, activation checkpointing wraps and `comp
 compiles. `build` gives the architecture with new, seeded weights (the same on every rank); a
 new run then starts from DIR's own weights (`hf_weights=pretrained`, the default, through
 init_from's loader, checkpoint/initial.py) or keeps the random ones (`hf_weights=random`).
+The names of DIR's tensors map to the model's by adding the prefix (`from_hf`, `to_hf`);
+checkpoint/ reads and writes the files.
 
-transformers is imported here only, when a run uses model=hf: it is the optional extra `[hf]`.
+transformers is imported only when a run uses model=hf (here, and by checkpoint/hf_format.py for
+files whose names do not map one to one): it is the optional extra `[hf]`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, first_line, optional_import
 from ..config_keys import key as config_key  # `key` names tensors below
 from . import spec
 
@@ -35,13 +39,7 @@ PREFIX = "hf."  # state-dict name = PREFIX + transformers' name
 
 def transformers_module():
     """transformers, or a one-line ConfigError saying how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError(
-            "model=hf needs transformers, which is not installed: pip install -e '.[hf]'"
-        ) from None
-    return transformers
+    return optional_import("transformers", "hf", "model=hf")
 
 
 @functools.lru_cache(maxsize=8)
@@ -55,13 +53,11 @@ def _read_config(directory: str):
             "config.json and *.safetensors)"
         )
     try:
-        json.loads((path / "config.json").read_text())
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as err:  # unknown model_type, broken JSON: transformers' own words
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
             f"config key 'hf_model': transformers {transformers.__version__} cannot read "
-            f"{path / 'config.json'}: {first}"
+            f"{path / 'config.json'}: {first_line(err)}"
         ) from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -100,8 +96,8 @@ def build(cfg, info: DataInfo) -> HFCausalLM:
     transformers = transformers_module()
     config = hf_config(cfg)
     check_vocab(config, info)
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation="sdpa", dtype=torch.float32
+    model = transformers.AutoModelForCausalLM.from_config(  # a copy: the model changes its own
+        copy.deepcopy(config), attn_implementation="sdpa", dtype=torch.float32
     )
     model.config.use_cache = False
     return HFCausalLM(model)
@@ -189,61 +185,38 @@ def describe(cfg) -> str:
     return f"hf:{hf_config(cfg).model_type}:{Path(cfg.hf.hf_model).name}"
 
 
-def load_hf(cfg, info: DataInfo, directory, expected: dict) -> dict:
-    """Where each of the model's tensors is in a Hugging Face directory: under its own name
-    (what save_pretrained writes), or without the base model's prefix (older files: GPT-2's
-    `h.0...` for `transformer.h.0...`). Files in any other layout are read whole, once, by
-    transformers' own loader (which knows each architecture's renamings)."""
-    from ..checkpoint import hf_format
-
-    if Path(directory).resolve() != Path(cfg.hf.hf_model).resolve():
-        config = _read_config(str(Path(directory).resolve()))
-        if config.to_dict() != hf_config(cfg).to_dict():
-            raise ValueError(f"its config.json is not hf_model's ({cfg.hf.hf_model})")
-    stored = hf_format.stored_tensors(Path(directory))
+def from_hf(
+    cfg, info: DataInfo, config: dict, names: Collection[str], model_names: Collection[str]
+) -> dict[str, spec.HFName] | None:
+    """Where each of the model's tensors is among a Hugging Face model's: under its own name
+    (what save_pretrained writes), or without the base model's prefix (GPT-2's `h.0...` for
+    `transformer.h.0...`, as older writers store it). None when some have no such name (e.g.
+    Mixtral: one tensor per expert in the files, one fused tensor in the module): transformers'
+    loader, which knows each architecture's renamings, is then asked for the tensors."""
+    ours = hf_config(cfg)
+    if _settings(type(ours).from_dict(config)) != _settings(ours):
+        raise ValueError(f"its config.json is not hf_model's ({cfg.hf.hf_model})")
     found = {}
-    for key in expected:
+    for key in model_names:
         name = key.removeprefix(PREFIX)
-        for candidate in (name, name.partition(".")[2]):
-            if candidate in stored:
-                file, shape = stored[candidate]
-                found[key] = hf_format.Source(candidate, shape, file)
-                break
-    if len(found) == len(expected):
-        return found
-    # e.g. Mixtral: one tensor per expert in the files, one fused tensor in the module
-    whole = _whole(directory)
-    return {
-        key: hf_format.Source(key, tuple(whole[key].shape), tensor=whole[key])
-        for key in expected
-        if key in whole
-    }
+        candidate = next((c for c in (name, name.partition(".")[2]) if c in names), None)
+        if candidate is not None:
+            found[key] = spec.HFName(candidate)
+    return found if len(found) == len(model_names) else None
 
 
-def _whole(directory) -> dict:
-    """The directory's model as transformers loads it (its renamings applied): name -> tensor.
-    A tensor it finds no weights for is refused (transformers would initialise it randomly)."""
-    transformers = transformers_module()
-    try:
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, local_files_only=True, output_loading_info=True
-        )
-    except Exception as err:  # missing or truncated safetensors: transformers' own words
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"transformers cannot load it: {first}") from None
-    if info["missing_keys"]:
-        raise ValueError(f"it has no weights for {sorted(info['missing_keys'])[0]}")
-    return {PREFIX + name: tensor for name, tensor in model.state_dict().items()}
+def _settings(config) -> dict:
+    """A transformers config's settings, without where it was read from."""
+    return {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
 
 
-def save_hf(cfg, info: DataInfo, state: dict) -> tuple[dict, dict]:
-    """(config.json, tensors) of the trained model: hf_model's config, the trained weights (the
-    output layer left out when it is tied to the embedding, as save_pretrained does)."""
-    config = hf_config(cfg).to_dict()
+def to_hf(cfg, info: DataInfo, state: dict) -> dict:
+    """The trained model's tensors under transformers' names (the output layer left out when
+    it is tied to the embedding, as save_pretrained does)."""
     tensors = {name.removeprefix(PREFIX): t.contiguous() for name, t in state.items()}
-    if config.get("tie_word_embeddings", True):
+    if hf_config(cfg).to_dict().get("tie_word_embeddings", True):
         tensors.pop("lm_head.weight", None)
-    return config, tensors
+    return tensors
 
 
 SPEC = spec.ModelSpec(
@@ -257,6 +230,8 @@ SPEC = spec.ModelSpec(
     flops_per_sample=training_flops,
     check=check,
     describe=describe,
-    hf=spec.HFAdapter(load=load_hf, save=save_hf),
+    hf=spec.HFAdapter(
+        from_hf=from_hf, to_hf=to_hf, config=lambda cfg, info: hf_config(cfg).to_dict()
+    ),
     initial_weights=lambda cfg: cfg.hf.hf_model if cfg.hf.hf_weights == "pretrained" else None,
 )

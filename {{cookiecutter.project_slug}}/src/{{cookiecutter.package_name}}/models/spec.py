@@ -11,7 +11,7 @@ kinds it trains on (data/kinds.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,16 +117,36 @@ CLASSIFIER = Task(
 
 
 @dataclass(frozen=True)
-class HFAdapter:
-    """A model's Hugging Face form. load(cfg, info, directory, expected): where each of the
-    model's tensors is in the directory (state-dict name -> checkpoint.hf_format.Source; the
-    weights are read later, each rank only its part), raising ValueError naming the first
-    setting that differs from the run's; `expected` holds the model's names and full shapes.
-    save(cfg, info, state): (config_json, tensors) that transformers' AutoModelForCausalLM
-    loads."""
+class HFName:
+    """Where one of the model's tensors is among a Hugging Face model's: tensor `name`, stored
+    transposed (GPT-2's Conv1D weights keep (in, out), nn.Linear (out, in)) or not; `padded`:
+    the model's tensor may have more rows than the stored one, the rest are zeros (the GPT pads
+    its vocabulary)."""
 
-    load: Callable[[Any, DataInfo, Any, dict], dict]
-    save: Callable[[Any, DataInfo, dict], tuple[dict, dict]]
+    name: str
+    transposed: bool = False
+    padded: bool = False
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """A model's Hugging Face form as maps of names and shapes (the idea of torchtitan's state
+    dict adapters); checkpoint/ reads and writes the files (`init_from=DIR`, `export --format
+    hf`).
+
+    from_hf(cfg, info, config, hf_names, model_names): the directory's config.json (a dict) and
+        the names of its tensors -> {model name: HFName}, raising ValueError naming the first
+        setting that differs from the run's; None when the names do not map one to one (e.g.
+        Mixtral's experts: one tensor each in the files, one fused tensor in the module), and
+        transformers' own loader is asked for the tensors instead.
+    to_hf(cfg, info, state): the model's whole state dict -> tensors under Hugging Face's names
+        and layouts, as `AutoModelForCausalLM.from_pretrained` reads them.
+    config(cfg, info): the config.json that goes with them.
+    """
+
+    from_hf: Callable[[Any, DataInfo, dict, Collection[str], Collection[str]], dict | None]
+    to_hf: Callable[[Any, DataInfo, dict], dict]
+    config: Callable[[Any, DataInfo], dict]
 
 
 @dataclass(frozen=True)
@@ -150,7 +170,7 @@ class ModelSpec:
         window for a language model), for MFU; None: counted by running one sample of the data.
     check(cfg): relations between the model's keys, raising ConfigError at load time.
     describe(cfg): the name the benchmark reports (e.g. "gpt:gpt2-124m").
-    hf: how the model reads and writes a Hugging Face model directory (`init_from=DIR`,
+    hf: how the model's names and shapes map to a Hugging Face model's (`init_from=DIR`,
         `export --format hf`); None: it has no Hugging Face form.
     initial_weights(cfg): where a new run's weights come from when init_from is not set (a
         directory init_from accepts), or None: the weights `build` made.

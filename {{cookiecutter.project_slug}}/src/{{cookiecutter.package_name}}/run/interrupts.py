@@ -30,24 +30,21 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SAME_EVENT_S = 0.5
 
 
-def last_complete_checkpoint(run_dir: Path) -> int | None:
-    from ..checkpoint import complete_steps
-
-    steps = complete_steps(RunDir(run_dir).checkpoints)
-    return steps[-1] if steps else None
-
-
 class SecondSignal:
-    """Called (from the signal handler) for every signal the run receives."""
+    """Called (from the signal handler) for every signal the run receives. `complete_steps`
+    lists the steps of the complete checkpoints in a directory, oldest first (the caller's
+    checkpoint.complete_steps: run/ knows no checkpoint format)."""
 
     def __init__(
         self,
         run_dir: str | Path,
+        complete_steps: Callable[[Path], list[int]],
         exit: Callable[[int], object] = os._exit,  # no cleanup: "at once" means at once
         clock: Callable[[], float] = time.monotonic,
         is_main: bool = True,  # rank 0 says what happens; the others stay quiet
     ):
         self.run_dir, self.exit, self.clock = Path(run_dir), exit, clock
+        self.complete_steps = complete_steps
         self.first_at: float | None = None
         self.is_main = is_main
 
@@ -71,7 +68,8 @@ class SecondSignal:
 
     def stop_now(self, signum: int) -> None:
         if self.is_main:
-            step = last_complete_checkpoint(self.run_dir)
+            steps = self.complete_steps(RunDir(self.run_dir).checkpoints)
+            step = steps[-1] if steps else None
             where = (
                 f"the last complete checkpoint is step {step} (a restart resumes there)"
                 if step is not None
