@@ -212,7 +212,7 @@ def counted_flops(spec: ModelSpec, cfg, info: DataInfo, example) -> float:
     """Forward + backward FLOPs of one sample, counted by torch on a fresh copy of the model."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    probe = spec.build(cfg, info)
+    probe = spec.build(cfg, info).eval()  # batch norm refuses one sample in training mode
     with FlopCounterMode(display=False) as counter:
         spec.task.loss(probe, example).backward()
     return float(counter.get_total_flops())
