@@ -326,7 +326,8 @@ def test_export_refuses_bad_input(tmp_path, monkeypatch):
         checkpoint.export_model(tmp_path, tmp_path / "model.bin")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         checkpoint.export_model(tmp_path, tmp_path / "model.pt")
-    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
+    for module in ("safetensors", "safetensors.torch"):  # as if not installed (nor imported)
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(CheckpointError, match=r"pip install -e '\.\[safetensors\]'"):
         checkpoint.export_model(tmp_path, tmp_path / "model.safetensors")
     assert list(tmp_path.iterdir()) == []
