@@ -110,7 +110,7 @@ def test_unknown_key_suggests_the_closest_ones(typed, meant):
         ("seed=-1", r"'seed' must be in \[0, 4294967295\]"),
         ("seed=99999999999999999999999", r"'seed' must be in"),
         ("cpu_threads=100000", r"'cpu_threads' must be in \[0, 1024\]"),
-        ("num_workers=-5", r"'num_workers' must be in \[-1, 64\]"),
+        ("num_workers=-5", r"'num_workers' must be in \[-1, 256\]"),
         ("max_steps=\u0661\u0662", r"'max_steps' expects an integer"),  # Arabic-Indic 12
         ("run_dir=a\nb", r"'run_dir' expects one line of printable text"),
         ("device=gpu", r"'device' must be one of auto, cpu, cuda"),

@@ -155,8 +155,7 @@ def prefix_loss(model: gpt.GPT, x: torch.Tensor, y: torch.Tensor) -> float:
     sees a later token, whatever its attention does): how the model is used when sampling."""
     with torch.no_grad():
         losses = [
-            spec.cross_entropy(model(x[:, : t + 1])[:, -1], y[:, t])
-            for t in range(x.shape[1])
+            spec.cross_entropy(model(x[:, : t + 1])[:, -1], y[:, t]) for t in range(x.shape[1])
         ]
     return torch.stack(losses).mean().item()
 

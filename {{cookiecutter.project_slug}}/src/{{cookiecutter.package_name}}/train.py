@@ -95,9 +95,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     dtype = resolve_precision(cfg, device)
     spec = spec_of(cfg)
     source = open_splits(cfg, spec)
-    data_on_gpu = source.to is not None and data.fits_on_gpu(source.nbytes, device, cfg.data_on_gpu)
-    if data_on_gpu:
-        source.to(device)
+    data_on_gpu = data.place_on_gpu(source, device, cfg.data_on_gpu)
     memory = {"rss_before_build_gib": metrics.resident_gib()}
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     # weights that are loaded next are not made first (parallel.parameters_on_meta); with
@@ -116,7 +114,6 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     torch.manual_seed(cfg.seed + 1 + env.rank)
     random.seed(cfg.seed + 1 + env.rank)
     np_rng = np.random.default_rng(cfg.seed + 1 + env.rank)
-    state = checkpoint.TrainState()
     return Run(
         cfg=cfg,
         spec=spec,
@@ -129,7 +126,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
         autocast_dtype=dtype if use_autocast else None,
         source=source,
         data_on_gpu=data_on_gpu,
-        state=state,
+        state=checkpoint.TrainState(),
         np_rng=np_rng,
         flops_per_step=flops,
         memory=memory,
@@ -179,16 +176,14 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, eval_set: list) -> dict:
-    """The task's held-out figures (loss; accuracy, bits per token, ...): every rank scores its
-    share, the sums are added over ranks once."""
+    """The task's held-out figures: each rank scores its share; the sums are added once."""
     run.model.eval()
     sums: dict[str, torch.Tensor] = {}
     for batch in eval_set:
         batch = data.map_tensors(lambda t: t.to(run.device, non_blocking=True), batch)
         with run.autocast():
             scores = run.spec.task.scores(run.model, batch)
-        for name, value in scores.items():
-            sums[name] = sums[name] + value.float() if name in sums else value.float()
+        sums = {name: sums.get(name, 0) + value.float() for name, value in scores.items()}
     run.model.train()
     names = sorted(sums)  # the same on every rank: the same task, the same number of batches
     totals = distributed.all_reduce(torch.stack([sums[name] for name in names]))

@@ -241,6 +241,14 @@ def resolve_num_workers(requested: int, decodes: bool) -> int:
     return cpus - 1 if decodes else min(8, cpus - 1)
 
 
+def place_on_gpu(data: Splits, device: torch.device, setting: str) -> bool:
+    """An in-memory dataset moved to the GPU when it fits (data_on_gpu); whether it moved."""
+    if data.to is None or not fits_on_gpu(data.nbytes, device, setting):
+        return False
+    data.to(device)
+    return True
+
+
 def fits_on_gpu(nbytes: int, device: torch.device, setting: str) -> bool:
     """data_on_gpu: "true", "false", or "auto" = an in-memory dataset under 10% of the GPU."""
     if device.type != "cuda" or nbytes == 0 or setting == "false":
