@@ -10,6 +10,7 @@ from pathlib import Path
 
 from conftest import PACKAGE, REPO
 
+from {{ cookiecutter.package_name }}.data.kinds import KIND_MODULES
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
 
 SRC = REPO / "src" / PACKAGE
@@ -133,8 +134,10 @@ def test_the_module_map_is_the_tree():
     tree = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")}
     tree -= {f"{d}/__init__.py" for d in ("config", "data", "run", "telemetry", "doctor")}
     tree -= {"__init__.py"}
-    # a model you add is one file and one registry line (docs/your-model.md), not a map line too
+    # a model or a dataset kind you add is one file and one registry line (docs/your-model.md,
+    # docs/your-data.md), not a map line too
     tree -= {f"models/{name}.py" for name in MODEL_MODULES} - mapped
+    tree -= {f"data/{name}.py" for name in KIND_MODULES} - mapped
     assert mapped == tree, (
         f"in docs/training.md's module map but not in the package: {sorted(mapped - tree)}; "
         f"in the package but not in the map: {sorted(tree - mapped)}"
