@@ -64,7 +64,7 @@ def test_packing_writes_shards_records_and_an_index(packed):
     assert json.loads((out / "index.json").read_text()) == index
     assert index["format"] == "images/1" and index["classes"] == list(CLASSES)
     assert index["counts"] == {"train": 15, "val": 3}  # one of each class's 6 (5%, at least one)
-    assert index["validation"] == "5% of each class held out"
+    assert index["validation"] == "0.05 of each class held out (at least one image)"
     # The shards: the next image starts a new one where it would pass 2 KiB.
     files = image_writer.image_folder(source)[1]
     train, val = image_writer.hold_out(files, list(CLASSES), 0.05)
@@ -213,7 +213,8 @@ def test_modes_are_stored_unchanged_and_read_as_rgb(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     assert line == (
         f"wrote 7 training and 3 validation images of 3 classes in 2 shards to {out} "
-        "(validation: 5% of each class held out; 4 converted to RGB when read); "
+        "(validation: 0.05 of each class held out (at least one image); "
+        "4 converted to RGB when read); "
         f"train with model=vision dataset={out}"
     )
     data = open_splits(out)

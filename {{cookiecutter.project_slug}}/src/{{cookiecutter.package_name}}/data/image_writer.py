@@ -76,9 +76,11 @@ def hold_out(
     """(train, val): `fraction` of each class's images (at least one, and never all) for
     validation, chosen by the sha256 of their names: the same files for the same folder, and
     adding images to a class moves few of the others."""
+    by_class: list[list[tuple[Path, int]]] = [[] for _ in classes]
+    for item in files:
+        by_class[item[1]].append(item)
     train, val = [], []
-    for label in range(len(classes)):
-        mine = [item for item in files if item[1] == label]
+    for mine in by_class:
         count = min(max(1, round(len(mine) * fraction)), len(mine) - 1)
         rank = sorted(mine, key=lambda item: hashlib.sha256(item[0].name.encode()).digest())
         chosen = {path for path, _ in rank[:count]}
@@ -232,7 +234,7 @@ def write_image_dataset(
     classes, train = image_folder(images)
     if val is None:
         train, held = hold_out(train, classes, fraction)
-        validation = f"{fraction:.0%} of each class held out"
+        validation = f"{fraction:g} of each class held out (at least one image)"
     else:
         val_classes, held = image_folder(Path(val))
         if val_classes != classes:

@@ -150,13 +150,13 @@ class ShardReader:
             )
         return data
 
-    def close(self) -> None:
+    def close(self, close=os.close) -> None:
         for fd in self._fds.values():
-            os.close(fd)
+            close(fd)
         self._fds = {}
 
-    def __del__(self) -> None:
-        if self._pid == os.getpid():
+    def __del__(self, getpid=os.getpid) -> None:  # `os` may be gone at interpreter exit
+        if self._pid == getpid():
             self.close()
 
 
