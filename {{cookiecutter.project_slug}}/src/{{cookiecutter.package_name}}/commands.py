@@ -159,11 +159,7 @@ def make_dataset(args: argparse.Namespace) -> int:
     source = sources.chosen(args)
     if source is None:
         return make_array_dataset(args)
-    index = source.write(args)
-    print(
-        f"wrote {index['train']['tokens']} training and {index['val']['tokens']} validation "
-        f"tokens (vocabulary {index['vocab_size']}) to {args.out}; train with dataset={args.out}"
-    )
+    print(source.summary(source.write(args), args))
     return 0
 
 

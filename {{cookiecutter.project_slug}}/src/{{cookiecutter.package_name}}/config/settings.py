@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config_keys import AUTO, ConfigError, Key, key, keys_of, not_empty, split_assignment
 from ..data.batches import DataKeys
+from ..data.images import ImageKeys
 from ..distributed import DistributedKeys
 from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
 from ..optim import OptimizerKeys
@@ -73,8 +74,8 @@ class BenchmarkKeys:
 # force_resume=true).
 @dataclass
 class GeneralConfig(
-    RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
-    CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
+    RunKeys, ModelKeys, DataKeys, ImageKeys, OptimizerKeys, ParallelKeys, TelemetryKeys,
+    ProfilingKeys, CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
 ):  # fmt: skip
     """Every general key, typed: what an editor completes after `cfg.`."""
 

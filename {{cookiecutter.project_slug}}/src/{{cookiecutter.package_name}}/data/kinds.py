@@ -26,6 +26,7 @@ INDEX_FILE = "index.json"  # every dataset directory has one; its "format" names
 KIND_MODULES = (
     "tokens",  # token shards for language models (make-dataset --stdlib/--text/--tokens/--hf)
     "arrays",  # feature vectors and labels for the classifier example (make-dataset --x/--y)
+    "images",  # encoded images packed into shards for vision models (make-dataset --images)
 )
 
 

@@ -1,5 +1,6 @@
-"""The inputs `make-dataset` turns into token shards, one option each: `--stdlib`, `--text`,
-`--tokens` (shards.py), `--hf` (hf_datasets.py). An input format of your own is one module in
+"""The inputs `make-dataset` turns into datasets, one option each: `--stdlib`, `--text`,
+`--tokens` (shards.py), `--hf` (hf_datasets.py): token shards; `--images` (image_writer.py): an
+ImageFolder packed into image shards. An input format of your own is one module in
 this folder with a `SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md,
 "Your own input format"). make-dataset without any of them writes the classifier's arrays
 (`--x --y`).
@@ -17,19 +18,30 @@ from typing import Any
 SOURCE_MODULES = (
     "shards",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
     "hf_datasets",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
+    "image_writer",  # --images: an ImageFolder packed into shards (the [vision] extra)
 )
+
+
+def token_summary(index: dict, args: argparse.Namespace) -> str:
+    """make-dataset's line after writing token shards."""
+    return (
+        f"wrote {index['train']['tokens']} training and {index['val']['tokens']} validation "
+        f"tokens (vocabulary {index['vocab_size']}) to {args.out}; train with dataset={args.out}"
+    )
 
 
 @dataclass(frozen=True)
 class DatasetSource:
     """One make-dataset option. `add_arguments(make, group)` adds `option` to `group` (the
     mutually exclusive sources) and any options of its own to `make`; `write(args)` writes the
-    dataset at `args.out` (with `shards.write_shards`) and returns its index. Errors are
-    `DatasetError`s, one line naming the file."""
+    dataset at `args.out` (token shards: with `shards.write_shards`) and returns its index;
+    `summary(index, args)` is the line make-dataset prints then. Errors are `DatasetError`s, one
+    line naming the file."""
 
     option: str
     add_arguments: Callable[[argparse.ArgumentParser, Any], None]
     write: Callable[[argparse.Namespace], dict]
+    summary: Callable[[dict, argparse.Namespace], str] = token_summary
 
     @property
     def dest(self) -> str:

@@ -1,0 +1,318 @@
+"""`make-dataset --images DIR --out OUT [--val DIR2 | --val-fraction F] [--shard-mb MB]`: an
+ImageFolder (`DIR/<class>/<image>`, classes = the sorted folder names) packed into the shards
+of an images dataset (the format is described in images.py).
+
+Every image is decoded once first (PIL, in a process pool when there are many), so a file that
+does not decode is one line naming it before anything is written. The encoded bytes are then
+copied unchanged, in the order of (class, file name), into shards of about --shard-mb each: the
+same input gives the same bytes. Everything is written into a hidden temporary directory next to
+OUT and renamed to OUT at the end, as for token shards (shards.py): an error, Ctrl-C or SIGTERM
+leaves nothing that looks like a dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..config_keys import first_line
+from .hf_datasets import default_workers
+from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image
+from .shards import HOST, clear_leftovers, write_json
+from .sources import DatasetSource
+from .tokens import DatasetError, sample_blocks, sample_sha256
+
+DEFAULT_VAL_FRACTION = 0.05
+DEFAULT_SHARD_MB = 128
+POOL_MIN_IMAGES = 512  # fewer are checked in this process: starting a pool would cost more
+
+
+# --- the ImageFolder -------------------------------------------------------------------------
+
+
+def hidden(name: str) -> bool:
+    return name.startswith(".")  # .DS_Store, ._name (macOS), .ipynb_checkpoints
+
+
+def image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """(class names, (file, label) of every image): the class folders of `root` in sorted
+    order, each one's files (in subfolders too) sorted by their path; hidden ones skipped."""
+    if not root.exists():
+        raise DatasetError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a directory (an ImageFolder: {root}/<class>/<image>)")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not hidden(p.name))
+    if len(classes) < 2:
+        found = f"only one class folder, {classes[0]!r}" if classes else "no class folders"
+        raise DatasetError(
+            f"{root}: {found}; a classifier needs at least two ({root}/<class>/<image>)"
+        )
+    files = []
+    for label, name in enumerate(classes):
+        folder = root / name
+        found = sorted(
+            path.relative_to(folder).as_posix()
+            for path in folder.rglob("*")
+            if path.is_file() and not any(hidden(part) for part in path.relative_to(folder).parts)
+        )
+        if not found:
+            raise DatasetError(f"{folder}: empty class folder (no images)")
+        files += [(folder / path, label) for path in found]
+    return classes, files
+
+
+def hold_out(
+    files: list[tuple[Path, int]], classes: list[str], fraction: float
+) -> tuple[list, list]:
+    """(train, val): `fraction` of each class's images (at least one, and never all) for
+    validation, chosen by the sha256 of their names: the same files for the same folder, and
+    adding images to a class moves few of the others."""
+    by_class: list[list[tuple[Path, int]]] = [[] for _ in classes]
+    for item in files:
+        by_class[item[1]].append(item)
+    train, val = [], []
+    for mine in by_class:
+        count = min(max(1, round(len(mine) * fraction)), len(mine) - 1)
+        rank = sorted(mine, key=lambda item: hashlib.sha256(item[0].name.encode()).digest())
+        chosen = {path for path, _ in rank[:count]}
+        train += [item for item in mine if item[0] not in chosen]
+        val += [item for item in mine if item[0] in chosen]
+    return train, val
+
+
+# --- the decoding check ----------------------------------------------------------------------
+
+
+def image_mode(path: str) -> tuple[str, str]:
+    """(PIL mode, "") of an image file that decodes and converts to RGB, else ("", why not)."""
+    image_module = pil_image()
+    try:
+        with image_module.open(path) as image:
+            image.load()
+            if image.mode != "RGB":
+                image.convert("RGB")
+            return image.mode, ""
+    except (OSError, SyntaxError, ValueError, image_module.DecompressionBombError) as err:
+        return "", first_line(err)
+
+
+def ignore_stop_signals() -> None:
+    """Pool workers leave Ctrl-C and SIGTERM to the writer, which stops the pool."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def check_images(paths: list[Path], workers: int) -> list[str]:
+    """Every image's mode, or one line naming the first file (in order) that does not decode."""
+    names = [str(path) for path in paths]
+    if workers > 1 and len(names) >= POOL_MIN_IMAGES:
+        # the platform's default start method, as torch's DataLoader uses (fork on Linux: no
+        # worker imports the package again)
+        pool = ProcessPoolExecutor(workers, initializer=ignore_stop_signals)
+        try:
+            chunk = max(1, min(256, len(names) // (4 * workers)))
+            results = list(pool.map(image_mode, names, chunksize=chunk))
+        finally:
+            pool.shutdown(cancel_futures=True)
+    else:
+        results = [image_mode(name) for name in names]
+    for name, (mode, why) in zip(names, results, strict=True):
+        if not mode:
+            raise DatasetError(f"{name}: not an image that decodes ({why})")
+    return [mode for mode, _ in results]
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def write_split(
+    tmp: Path, split: str, files: list[tuple[Path, int]], shard_bytes: int
+) -> tuple[dict, str]:
+    """The split's shards and record array in `tmp`: (its index.json entry, the sha256 of its
+    bytes for the fingerprint). A new shard starts where the next image would pass shard_bytes."""
+    records = np.zeros(len(files), dtype=RECORD)
+    shards: list[dict] = []
+    digest = hashlib.sha256()
+    handle = None
+    try:
+        for row, (path, label) in enumerate(files):
+            data = path.read_bytes()
+            size = shards[-1]["bytes"] if shards else 0
+            if handle is None or (size and size + len(data) > shard_bytes):  # a large image: alone
+                if handle is not None:
+                    close_shard(handle)
+                shards.append({"name": f"{split}-{len(shards):05d}.bin", "bytes": 0, "images": 0})
+                handle = open(tmp / shards[-1]["name"], "wb")
+            handle.write(data)
+            records[row] = (shards[-1]["bytes"], len(data), label, len(shards) - 1)
+            shards[-1]["bytes"] += len(data)
+            shards[-1]["images"] += 1
+            digest.update(f"{label} {len(data)}\n".encode())
+            digest.update(data)
+    finally:
+        if handle is not None:
+            close_shard(handle)
+    buffer = io.BytesIO()
+    np.save(buffer, records, allow_pickle=False)
+    name = f"{split}-index.npy"
+    (tmp / name).write_bytes(buffer.getvalue())
+    sha256 = "sha256:" + hashlib.sha256(buffer.getvalue()).hexdigest()
+    return {"index": name, "sha256": sha256, "shards": shards}, digest.hexdigest()
+
+
+def close_shard(handle) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+
+
+def record_samples(tmp: Path, index: dict) -> None:
+    """Each shard's sampled blocks and their hash: every open checks them (tokens.py)."""
+    entries = [entry for split in SPLITS for entry in index[split]["shards"]]
+    sizes = [entry["bytes"] for entry in entries]
+    for entry, size, blocks in zip(entries, sizes, sample_blocks(sizes), strict=True):
+        entry["sampled_blocks"] = blocks
+        entry["sample_sha256"] = sample_sha256(tmp / entry["name"], size, blocks)
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
+        raise DatasetError(f"{out}: exists and is not a dataset; choose a new directory")
+
+
+def publish(tmp: Path, out: Path, index: dict) -> dict:
+    """Rename the finished `tmp` to `out`; an `out` that already holds the same images (same
+    fingerprint) is kept, any other dataset there is refused."""
+    try:
+        os.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
+        return index
+    except OSError:
+        if not (out / INDEX_FILE).exists():
+            raise DatasetError(
+                f"{out}: exists and is not a dataset; choose a new directory"
+            ) from None
+    try:
+        existing = json.loads((out / INDEX_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{out / INDEX_FILE}: unreadable ({err}); choose a new --out") from None
+    if existing.get("fingerprint") != index["fingerprint"]:
+        raise DatasetError(
+            f"{out}: already holds a different dataset (fingerprint "
+            f"{existing.get('fingerprint')}, new images {index['fingerprint']}); choose another "
+            "--out or delete it"
+        )
+    return existing
+
+
+def write_image_dataset(
+    images: Path,
+    out: Path,
+    val: Path | None = None,
+    val_fraction: float | None = None,
+    shard_mb: float = DEFAULT_SHARD_MB,
+    workers: int | None = None,
+) -> dict:
+    """Pack the ImageFolder `images` (validation: the ImageFolder `val`, or `val_fraction` of
+    each class, default 0.05) into an images dataset at `out`. Returns its index."""
+    images, out = Path(images), Path(out)
+    if val is not None and val_fraction is not None:
+        raise DatasetError("make-dataset --images: give --val DIR or --val-fraction F, not both")
+    fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+    if not 0.0 < fraction < 1.0:
+        raise DatasetError(f"--val-fraction must be between 0 and 1, got {fraction}")
+    if not shard_mb > 0:
+        raise DatasetError(f"--shard-mb must be positive, got {shard_mb}")
+    classes, train = image_folder(images)
+    if val is None:
+        train, held = hold_out(train, classes, fraction)
+        validation = f"{fraction:g} of each class held out (at least one image)"
+    else:
+        val_classes, held = image_folder(Path(val))
+        if val_classes != classes:
+            only = sorted(set(classes) ^ set(val_classes))
+            raise DatasetError(
+                f"{val}: its classes differ from {images}'s ({', '.join(only[:5]) or 'order'}): "
+                "the same class folders are needed"
+            )
+        validation = f"from {val}"
+    check_out(out)
+    modes = check_images([path for path, _ in train + held], workers or default_workers())
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clear_leftovers(out)
+        tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError as err:
+        raise DatasetError(f"{out}: cannot create: {err.strerror or err}") from None
+    try:
+        index = {"format": FORMAT, "classes": classes}
+        index["counts"] = {"train": len(train), "val": len(held)}
+        index["converted"] = sum(mode != "RGB" for mode in modes)
+        index["validation"] = validation
+        digests = []
+        for split, files in zip(SPLITS, (train, held), strict=True):
+            index[split], digest = write_split(tmp, split, files, int(shard_mb * 2**20))
+            digests.append(digest)
+        record_samples(tmp, index)
+        header = json.dumps([FORMAT, classes, digests]).encode()  # the images, not their paths
+        index["fingerprint"] = "sha256:" + hashlib.sha256(header).hexdigest()
+        index["sources"] = [str(images)] + ([str(val)] if val is not None else [])
+        write_json(tmp / INDEX_FILE, index)
+        return publish(tmp, out, index)
+    except OSError as err:  # a file gone since the check, a full disk: one line, nothing left
+        raise DatasetError(f"{err.filename or out}: {err.strerror or err}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
+
+
+# --- make-dataset's options (data/sources.py) ------------------------------------------------
+
+
+def add_arguments(make, source) -> None:
+    source.add_argument(
+        "--images",
+        type=Path,
+        metavar="DIR",
+        help="vision: an ImageFolder DIR/<class>/<image> packed into shards",
+    )
+    make.add_argument("--val", type=Path, metavar="DIR", help="with --images: validation images")
+    make.add_argument(
+        "--val-fraction",
+        type=float,
+        help=f"with --images: the share of each class held out (default {DEFAULT_VAL_FRACTION})",
+    )
+    make.add_argument(
+        "--shard-mb",
+        type=float,
+        default=DEFAULT_SHARD_MB,
+        help=f"with --images: shard size in MB (default {DEFAULT_SHARD_MB})",
+    )
+
+
+def write(args) -> dict:
+    workers = getattr(args, "workers", None)  # --workers: hf_datasets.py adds it
+    return write_image_dataset(
+        args.images, args.out, args.val, args.val_fraction, args.shard_mb, workers
+    )
+
+
+def summary(index: dict, args) -> str:
+    counts, shards = index["counts"], len(index["train"]["shards"]) + len(index["val"]["shards"])
+    return (
+        f"wrote {counts['train']} training and {counts['val']} validation images of "
+        f"{len(index['classes'])} classes in {shards} shards to {args.out} (validation: "
+        f"{index['validation']}; {index['converted']} converted to RGB when read); train with "
+        f"model=vision dataset={args.out}"
+    )
+
+
+SOURCES = (DatasetSource("--images", add_arguments, write, summary),)

@@ -1,0 +1,329 @@
+"""Image classification datasets: the encoded images of an ImageFolder packed into a few large
+shard files (written by `make-dataset --images DIR`: image_writer.py), read one record at a time.
+
+A dataset directory:
+
+    index.json                          format "images/1", the class names, the counts, each
+                                        shard's size and the sha256 of a few sampled blocks
+                                        (checked at every open), the fingerprint
+    train-index.npy, val-index.npy      one record per image: offset, length, label, shard
+    train-00000.bin, val-00000.bin ...  the images' encoded bytes (JPEG, PNG, WebP, ...) as they
+                                        were in the source files, one after the other
+
+Why shards: Lustre handles many small files badly (every open is a metadata operation on a
+shared server) and Capstor scratch has an inode quota; a few files of about 128 MB are read at
+random offsets instead (`os.pread`, one descriptor per shard and process).
+
+A sample is `(image, label)`: a float32 tensor (3, image_size, image_size) normalised with the
+ImageNet mean and std, and an int64 label. Images are decoded with PIL and converted to RGB in
+the loader workers, then transformed with torchvision.transforms.v2: a random resized crop and a
+horizontal flip for training, a resize and a centre crop for evaluation. Their randomness comes
+from torch's global generator, which batches.py seeds per sample from (seed, epoch, index).
+torchvision (and Pillow) are the optional `[vision]` extra: imported only where needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config_keys import first_line, key, optional_import
+from .info import DataInfo, DatasetKind, Splits
+from .tokens import DatasetError, sample_sha256
+
+INDEX_FILE = "index.json"
+FORMAT = "images/1"
+SPLITS = ("train", "val")
+# one record per image in <split>-index.npy
+RECORD = np.dtype([("offset", "<i8"), ("length", "<i8"), ("label", "<i4"), ("shard", "<i4")])
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# evaluation resizes to image_size * 256 / 224 before the centre crop (the ImageNet convention)
+EVAL_RESIZE = 256 / 224
+
+
+# fmt: off
+@dataclass
+class ImageKeys:
+    image_size: int = key(224, "images: side in pixels of the square crops a model sees",
+                          bounds=(8, 8192), resume=True)
+# fmt: on
+
+
+def pil_image():
+    """PIL's Image module (Pillow comes with torchvision: the [vision] extra)."""
+    return optional_import("PIL.Image", "vision", "images datasets", DatasetError)
+
+
+def transforms_v2():
+    optional_import("torchvision", "vision", "images datasets")
+    from torchvision.transforms import v2
+
+    return v2
+
+
+def train_transform(image_size: int):
+    """PIL image -> normalised float32 tensor: a random resized crop and a horizontal flip."""
+    v2 = transforms_v2()
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            *to_normalised_tensor(v2),
+        ]
+    )
+
+
+def eval_transform(image_size: int):
+    """PIL image -> normalised float32 tensor: resized, then the centre crop."""
+    v2 = transforms_v2()
+    return v2.Compose(
+        [
+            v2.Resize(round(image_size * EVAL_RESIZE), antialias=True),
+            v2.CenterCrop(image_size),
+            *to_normalised_tensor(v2),
+        ]
+    )
+
+
+def to_normalised_tensor(v2) -> list:
+    return [
+        v2.PILToTensor(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ]
+
+
+def decode(data: bytes, where: str):
+    """Encoded bytes -> an RGB PIL image; bytes that do not decode are one line naming `where`."""
+    image_module = pil_image()
+    try:
+        with image_module.open(io.BytesIO(data)) as image:
+            image.load()
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, image_module.DecompressionBombError) as err:
+        raise DatasetError(
+            f"{where}: no longer decodes as an image ({first_line(err)}): the shard changed "
+            "after make-dataset wrote it; write the dataset again"
+        ) from None
+
+
+# --- reading a dataset directory -------------------------------------------------------------
+
+
+class ShardReader:
+    """The shards of a split, a record read with one os.pread at its offset: one descriptor per
+    shard, opened on first use by the process that reads (a loader worker, started by fork or
+    spawn, opens its own), no file open per sample and no memmap (a shard cut short under a
+    live run is then a short read, named in one line, not a SIGBUS)."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = [Path(p) for p in paths]
+        self._fds: dict[int, int] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fds": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def read(self, shard: int, offset: int, length: int) -> bytes:
+        if self._pid != os.getpid():  # forked: the copies of the parent's descriptors go
+            self.close()
+            self._pid = os.getpid()
+        if shard not in self._fds:
+            self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        data = os.pread(self._fds[shard], length, offset)
+        if len(data) != length:
+            raise DatasetError(
+                f"{self.paths[shard]}: ends before byte {offset + length}: the shard was cut "
+                "short after make-dataset wrote it; write the dataset again"
+            )
+        return data
+
+    def close(self, close=os.close) -> None:
+        for fd in self._fds.values():
+            close(fd)
+        self._fds = {}
+
+    def __del__(self, getpid=os.getpid) -> None:  # `os` may be gone at interpreter exit
+        if self._pid == getpid():
+            self.close()
+
+
+class ImageSplit(Dataset):
+    """The images of one split: item i is (transformed image, label) of record i."""
+
+    def __init__(self, records: np.ndarray, shards: ShardReader, transform):
+        self.records, self.shards, self.transform = records, shards, transform
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        offset, length, label, shard = (int(v) for v in self.records[index])
+        data = self.shards.read(shard, offset, length)
+        where = f"{self.shards.paths[shard]}: image {index} (bytes {offset} to {offset + length})"
+        image = decode(data, where)
+        return self.transform(image), torch.tensor(label, dtype=torch.int64)
+
+
+def read_index(directory: Path) -> dict:
+    """index.json of an images dataset, checked: each problem is one DatasetError line."""
+    path = Path(directory) / INDEX_FILE
+    try:
+        index = json.loads(path.read_text())
+        if index.get("format") != FORMAT:
+            raise DatasetError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
+        classes = [str(name) for name in index["classes"]]
+        for split in SPLITS:
+            str(index[split]["index"]), str(index[split]["sha256"]), int(index["counts"][split])
+            for entry in index[split]["shards"]:
+                str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
+                str(entry["sample_sha256"])
+        str(index["fingerprint"])
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        if isinstance(err, DatasetError):
+            raise
+        raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
+    if len(classes) < 2:
+        raise DatasetError(f"{path}: names {len(classes)} classes; a classifier needs two")
+    return index
+
+
+def check_shard(path: Path, entry: dict) -> None:
+    """Refuse a missing shard, one of another size, or one whose sampled blocks changed."""
+    try:
+        size = path.stat().st_size
+        if size != int(entry["bytes"]):
+            raise DatasetError(
+                f"{path}: {size} bytes, but index.json says {entry['bytes']}: the shard changed "
+                "after make-dataset wrote it; write the dataset again"
+            )
+        found = sample_sha256(path, size, int(entry["sampled_blocks"]))
+    except FileNotFoundError:
+        raise DatasetError(
+            f"{path}: missing, but index.json lists it; write the dataset again"
+        ) from None
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
+    if found != entry["sample_sha256"]:
+        raise DatasetError(
+            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
+            "index.json's), so the fingerprint no longer describes its images; write the "
+            "dataset again"
+        )
+
+
+def read_records(directory: Path, index: dict, split: str) -> np.ndarray:
+    """<split>-index.npy, checked against index.json: its hash, its count, and records that lie
+    inside their shards with labels of the dataset's classes."""
+    path = Path(directory) / index[split]["index"]
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
+    if "sha256:" + hashlib.sha256(data).hexdigest() != index[split]["sha256"]:
+        raise DatasetError(f"{path}: changed since make-dataset wrote it; write the dataset again")
+    records = np.load(io.BytesIO(data), allow_pickle=False)
+    shards = index[split]["shards"]
+    sizes = np.array([int(entry["bytes"]) for entry in shards], dtype=np.int64)
+    if records.dtype != RECORD or len(records) != int(index["counts"][split]) or not len(records):
+        raise DatasetError(f"{path}: not the {index['counts'][split]} records index.json says")
+    inside = (records["shard"] >= 0) & (records["shard"] < len(shards))
+    inside &= (records["label"] >= 0) & (records["label"] < len(index["classes"]))
+    ends = records["offset"] + records["length"]
+    inside &= (records["offset"] >= 0) & (ends <= sizes[np.clip(records["shard"], 0, None)])
+    if not inside.all():
+        raise DatasetError(f"{path}: record {int(np.argmin(inside))} lies outside its shard")
+    return records
+
+
+def open_images(directory: Path, cfg, spec) -> Splits:
+    """The train and val splits of a make-dataset --images directory, every shard checked."""
+    directory = Path(directory)
+    index = read_index(directory)
+    datasets = {}
+    for split, transform in zip(SPLITS, (train_transform, eval_transform), strict=True):
+        paths = [directory / entry["name"] for entry in index[split]["shards"]]
+        for path, entry in zip(paths, index[split]["shards"], strict=True):
+            check_shard(path, entry)
+        records = read_records(directory, index, split)
+        datasets[split] = ImageSplit(records, ShardReader(paths), transform(cfg.image_size))
+    classes = tuple(index["classes"])
+    return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, cfg)
+
+
+def image_splits(train, val, fingerprint: str, classes: tuple, cfg) -> Splits:
+    info = DataInfo(
+        "images",
+        fingerprint,
+        num_classes=len(classes),
+        class_names=classes,
+        details={"image_size": cfg.image_size},
+    )
+    return Splits(train=train, val=val, info=info, decodes=True)
+
+
+# --- dataset=synthetic -----------------------------------------------------------------------
+
+
+class SyntheticImages(Dataset):
+    """`count` images drawn from (seed, first + i) when read, nothing stored: dark noise with a
+    bright square whose colour and position depend on the class (the colour survives any crop
+    and flip, so a model learns the task far above chance)."""
+
+    def __init__(self, count: int, first: int, classes: int, size: int, seed: int, transform):
+        self.count, self.first, self.classes = count, first, classes
+        self.size, self.seed, self.transform = size, seed, transform
+        palette = np.random.default_rng([seed, classes]).integers(128, 256, (classes, 3))
+        self.palette = palette.astype(np.uint8)
+        self.grid = int(np.ceil(np.sqrt(classes)))  # class k's square: cell k of a grid
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        number = self.first + index
+        label = number % self.classes
+        rng = np.random.default_rng([self.seed, number])  # the image; its crop is torch's
+        pixels = rng.integers(0, 96, (self.size, self.size, 3), dtype=np.uint8)
+        cell = self.size // self.grid
+        row, column = divmod(label, self.grid)
+        side = max(cell * 3 // 4, 1)
+        top, left = row * cell, column * cell
+        pixels[top : top + side, left : left + side] = self.palette[label]
+        image = pil_image().fromarray(pixels)
+        return self.transform(image), torch.tensor(label, dtype=torch.int64)
+
+
+def synthetic(cfg, spec) -> Splits:
+    """synthetic_samples training and eval_samples validation images of num_classes classes at
+    image_size, with the augmentation of a dataset directory."""
+    size, classes = cfg.image_size, cfg.num_classes
+    train = SyntheticImages(
+        cfg.synthetic_samples, 0, classes, size, cfg.seed, train_transform(size)
+    )
+    val = SyntheticImages(
+        cfg.eval_samples, cfg.synthetic_samples, classes, size, cfg.seed, eval_transform(size)
+    )
+    fingerprint = (
+        f"synthetic-images:{cfg.synthetic_samples}+{cfg.eval_samples}:{classes}:{size}:"
+        f"seed={cfg.seed}"
+    )
+    names = tuple(f"class{k}" for k in range(classes))
+    return image_splits(train, val, fingerprint, names, cfg)
+
+
+KIND = DatasetKind(name="images", format=FORMAT, open=open_images, synthetic=synthetic)
