@@ -16,6 +16,7 @@ loader processes, or a background thread) and copied on a side stream (`prefetch
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..config_keys import AUTO, key
 from ..run.preemption import SIGNALS
@@ -90,20 +91,25 @@ class SampleStream:
 
 @contextmanager
 def sample_seed(seed: int, epoch: int, index: int) -> Iterator[None]:
-    """torch's, numpy's and Python's global random generators seeded from (seed, epoch, index)
-    while one sample is read, and restored after: a sample's random augmentation is a function
-    of those three, in any process."""
-    state = np.random.SeedSequence([seed, epoch + 1, index]).generate_state(2)
-    saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
-    torch.manual_seed(int(state[0]) << 32 | int(state[1]))
-    np.random.seed(int(state[0]))
-    random.seed(int(state[1]))
+    """torch's (CPU), numpy's and Python's global random generators seeded from (seed, epoch,
+    index) while one sample is read: its random augmentation is a function of those three, in
+    any process. The training process gets its generators back (dropout draws from torch's); a
+    loader process needs nothing back, which saves about 0.1 ms a sample."""
+    digest = hashlib.blake2b(f"{seed},{epoch},{index}".encode(), digest_size=8).digest()
+    value = int.from_bytes(digest, "little")
+    restore = get_worker_info() is None
+    if restore:
+        saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.random.default_generator.manual_seed(value)  # torch.manual_seed also seeds CUDA's
+    np.random.seed(value % 2**32)
+    random.seed(value)
     try:
         yield
     finally:
-        torch.random.set_rng_state(saved[0])
-        np.random.set_state(saved[1])
-        random.setstate(saved[2])
+        if restore:
+            torch.random.set_rng_state(saved[0])
+            np.random.set_state(saved[1])
+            random.setstate(saved[2])
 
 
 def read_samples(split: Dataset, indices: np.ndarray, epochs: np.ndarray, seed: int, collate):
