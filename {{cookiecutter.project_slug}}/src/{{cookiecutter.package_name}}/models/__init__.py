@@ -16,6 +16,7 @@ MODEL_MODULES = (
     "gpt",  # a GPT-2 style language model (the default)
     "mlp",  # the minimal classifier example
     "hf",  # any transformers causal LM from a directory (hf_model=DIR; the [hf] extra)
+    "vision",  # any torchvision classifier by name (vision_model=resnet50; the [vision] extra)
 )
 
 
