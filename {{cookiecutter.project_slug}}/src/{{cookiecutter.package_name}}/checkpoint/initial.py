@@ -215,14 +215,16 @@ def open_weights_file(path: Path) -> WeightsFile:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # not a zip of tensors, or pickled code weights_only refuses
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"init_from={path}: not a state dict torch can read ({cause})") from None
+        raise ConfigError(
+            f"init_from={path}: a file, but not a state dict torch can read ({cause})"
+        ) from None
     if not isinstance(state, dict) or not state:
-        raise ConfigError(f"init_from={path}: holds no state dict (a dict of tensors)")
+        raise ConfigError(f"init_from={path}: a file, but no state dict (a dict of tensors)")
     for name, tensor in state.items():
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError(
-                f"init_from={path}: entry {name!r} is a {type(tensor).__name__}, not a tensor "
-                "(a state dict of tensors, as torchvision's weights files are)"
+                f"init_from={path}: a file, but its entry {name!r} is a {type(tensor).__name__}, "
+                "not a tensor (a state dict of tensors, as torchvision's weights files are)"
             )
     return WeightsFile(path, state)
 
