@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
 
-from {{ cookiecutter.package_name }}.doctor import checks
+from {{ cookiecutter.package_name }}.doctor import checks, vision
 from {{ cookiecutter.package_name }}.doctor import preflight as doctor
-from {{ cookiecutter.package_name }}.doctor import vision
 from {{ cookiecutter.package_name }}.doctor.checks import FAIL, OK, WARN
 
 ALPS_FABRIC_ENV = {
