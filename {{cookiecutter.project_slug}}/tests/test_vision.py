@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from conftest import checkpoint_steps, load_checkpoint, one_line
+from conftest import REPO, checkpoint_steps, load_checkpoint, one_line
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import parallel
@@ -121,6 +121,20 @@ def test_the_repeated_blocks_are_the_models_own(name, kind, count):
     assert [type(b).__name__ for b in blocks] == [kind] * count
     own = {id(m) for m in model.modules()}
     assert all(id(block) in own for block in blocks)
+
+
+def test_a_vit_is_built_for_the_datasets_image_size():
+    info = info_module.DataInfo(
+        kind="images", fingerprint="x", num_classes=CLASSES, details={"image_size": 32}
+    )
+    with parallel.parameters_on_meta():
+        model = vision.build(settings("vit_b_16"), info)
+    assert model.image_size == 32 and model.encoder.pos_embedding.shape[1] == 1 + (32 // 16) ** 2
+
+
+def test_the_example_experiment_trains_a_resnet50():
+    cfg = load_config(REPO / "configs" / "experiments" / "resnet50-images.toml").config
+    assert (cfg.model, cfg.vision.vision_model) == ("vision", "resnet50")
 
 
 def test_a_model_without_repeated_units_is_one_unit():

@@ -72,13 +72,31 @@ def wants_channels_last(cfg) -> bool:
     return cfg.device != "cpu" and torch.cuda.is_available()
 
 
-def build(cfg, info: DataInfo) -> nn.Module:
-    """torchvision's model `vision_model` for the dataset's classes, with new weights from
-    torch's RNG (seeded by the caller): torchvision's own initialisation."""
-    torchvision = torchvision_module()
-    model = torchvision.models.get_model(
-        cfg.vision.vision_model, weights=None, num_classes=info.num_classes
+def family_options(name: str, info: DataInfo) -> dict:
+    """What some families need beyond the number of classes: a ViT's position embeddings and a
+    MaxViT's attention windows are made for one image size (the dataset's, `image_size`); the
+    auxiliary classifiers of GoogLeNet and Inception v3 (extra outputs in training) are off."""
+    size = int(info.details.get("image_size", 224))
+    if name.startswith("vit_"):
+        return {"image_size": size}
+    if name.startswith("maxvit_"):
+        return {"input_size": (size, size)}
+    if name in ("googlenet", "inception_v3"):
+        return {"aux_logits": False, "init_weights": True}
+    return {}
+
+
+def torchvision_model(name: str, classes: int, info: DataInfo) -> nn.Module:
+    """torchvision's model `name` for `classes` classes, with torchvision's initialisation."""
+    return torchvision_module().models.get_model(
+        name, weights=None, num_classes=classes, **family_options(name, info)
     )
+
+
+def build(cfg, info: DataInfo) -> nn.Module:
+    """`vision_model` for the dataset's classes, with new weights from torch's RNG (seeded by
+    the caller); channels_last on a GPU."""
+    model = torchvision_model(cfg.vision.vision_model, info.num_classes, info)
     if wants_channels_last(cfg):
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -86,16 +104,12 @@ def build(cfg, info: DataInfo) -> nn.Module:
 
 def head(cfg, info: DataInfo) -> set[str]:
     """The names of the classifier head's tensors: those whose shape follows the number of
-    classes (fc.* of a ResNet, heads.head.* of a ViT, and auxiliary heads where a model has
-    them), found by building the model for two numbers of classes with its parameters on the
-    meta device (shapes, no memory)."""
-    torchvision = torchvision_module()
+    classes (fc.* of a ResNet, heads.head.* of a ViT), found by building the model for two
+    numbers of classes with its parameters on the meta device (shapes, no memory)."""
     shapes = []
     for classes in (info.num_classes, info.num_classes + 1):
         with parameters_on_meta():
-            built = torchvision.models.get_model(
-                cfg.vision.vision_model, weights=None, num_classes=classes
-            )
+            built = torchvision_model(cfg.vision.vision_model, classes, info)
         shapes.append({name: t.shape for name, t in built.state_dict().items()})
     return {name for name, shape in shapes[0].items() if shapes[1][name] != shape}
 
