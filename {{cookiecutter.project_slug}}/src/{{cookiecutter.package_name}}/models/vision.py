@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..config_keys import ConfigError, key, optional_import
+from ..config_keys import ConfigError, first_line, key, optional_import
 from ..parallel import parameters_on_meta
 from . import spec
 
@@ -87,10 +87,18 @@ def family_options(name: str, info: DataInfo) -> dict:
 
 
 def torchvision_model(name: str, classes: int, info: DataInfo) -> nn.Module:
-    """torchvision's model `name` for `classes` classes, with torchvision's initialisation."""
-    return torchvision_module().models.get_model(
-        name, weights=None, num_classes=classes, **family_options(name, info)
-    )
+    """torchvision's model `name` for `classes` classes, with torchvision's initialisation; a
+    size it cannot be built for (a MaxViT's windows at image_size=96) in one line."""
+    options = family_options(name, info)
+    try:
+        return torchvision_module().models.get_model(
+            name, weights=None, num_classes=classes, **options
+        )
+    except ValueError as err:
+        raise ConfigError(
+            f"vision_model={name}: torchvision cannot build it for {classes} classes with "
+            f"{options or 'its defaults'}: {first_line(err)}"
+        ) from None
 
 
 def build(cfg, info: DataInfo) -> nn.Module:
