@@ -194,6 +194,15 @@ def test_init_from_a_torchvision_file_of_other_classes_replaces_the_head(tmp_pat
         torch.testing.assert_close(state[name], expected, rtol=0, atol=1e-9, msg=name)
 
 
+def test_a_file_that_is_not_a_state_dict_is_one_line(tmp_path, images, capsys):
+    source, run_dir = tmp_path / "checkpoint.pt", tmp_path / "run"
+    torch.save({"model": {"fc.weight": torch.zeros(1)}, "step": 3}, source)
+    assert main(["train", *TINY_VISION, f"run_dir={run_dir}", f"init_from={source}"]) != 0
+    line = one_line(capsys)
+    assert f"init_from={source}: a file, but its entry 'model' is a dict, not a tensor" in line
+    assert not run_dir.exists()  # refused before the run directory is made
+
+
 def test_init_from_another_architecture_is_one_line(tmp_path, images, capsys):
     source = torchvision_file(tmp_path, "resnet34", CLASSES)
     run_dir = tmp_path / "run"
