@@ -4,9 +4,11 @@ break a job."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 from conftest import LUSTRE_LAYOUT, clean_env, run
@@ -45,6 +47,8 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     assert "torch" in proc.stdout and str(venv) not in proc.stdout.split("from", 1)[1]
     constraint = (venv / "torch-constraint.txt").read_text().strip()
     assert constraint.startswith("torch==")
+    if importlib.util.find_spec("torchvision"):  # the environment's torchvision is pinned too
+        assert f"torchvision=={metadata.version('torchvision')}" in constraint.splitlines()
     out = subprocess.run(
         [
             str(venv / "bin/python"),

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import answers, git_copy, run
 
-CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu torch"
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu torch torchvision"
 
 
 def github_commands(repo) -> list[str]:

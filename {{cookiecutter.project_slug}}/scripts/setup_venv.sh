@@ -95,16 +95,23 @@ if [[ "${flavour}" == uenv ]]; then
 fi
 
 python3 -m venv --system-site-packages "${venv}"
-# Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI):
-# pip then cannot replace it with a generic wheel from PyPI.
+# Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI)
+# and, where the environment has it, its torchvision (built against that torch): pip then cannot
+# replace either with a generic wheel from PyPI (`pip install -e '.[vision]'` included).
 # The installed distribution's version is what pip compares with (and reading it imports nothing).
 "${venv}/bin/python" - > "${venv}/torch-constraint.txt" <<'PY'
+import importlib
 from importlib import metadata
-try:
-    print("torch==" + metadata.version("torch"))
-except metadata.PackageNotFoundError:  # a torch without package metadata: its own version
-    import torch
-    print("torch==" + torch.__version__)
+
+for name in ("torch", "torchvision"):
+    try:
+        print(f"{name}=={metadata.version(name)}")
+    except metadata.PackageNotFoundError:  # no metadata: its own version, if it is there at all
+        try:
+            print(f"{name}=={importlib.import_module(name).__version__}")
+        except ImportError:
+            if name == "torch":
+                raise
 PY
 "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable '.[dev]'
 "${venv}/bin/python" - <<'PY'
@@ -137,6 +144,10 @@ import torch  # noqa: E402
 if torch.__file__.startswith(sys.prefix):
     fail(f"torch was installed into the venv ({torch.__file__}); it must come from the environment")
 print(f"venv {sys.prefix}: torch {torch.__version__} from {torch.__file__}")
+vision = importlib.util.find_spec("torchvision")  # not imported: it would load its C ops
+if vision and vision.origin and vision.origin.startswith(sys.prefix):
+    fail(f"torchvision was installed into the venv ({vision.origin}); it must come from the "
+         "environment, built for its torch")
 PY
 
 if [[ ${squash} -eq 1 ]]; then

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
 
-from {{ cookiecutter.package_name }}.doctor import checks
+from {{ cookiecutter.package_name }}.doctor import checks, vision
 from {{ cookiecutter.package_name }}.doctor import preflight as doctor
 from {{ cookiecutter.package_name }}.doctor.checks import FAIL, OK, WARN
 
@@ -141,6 +141,35 @@ def test_check_torch_origin(torch_file, system_site, on_alps, status, text):
 def test_check_torch_origin_outside_a_venv():
     result = checks.check_torch_origin("/usr/lib/torch/__init__.py", "/usr", "/usr", True, True)
     assert result.status == OK
+
+
+def torchvision(file="/usr/lib/torchvision/__init__.py", pin="2.13.0", ops=True, error=""):
+    return vision.Torchvision("0.28.0", file, pin, ops, error)
+
+
+@pytest.mark.parametrize(
+    ("found", "status", "text"),
+    [
+        (None, OK, "not installed: only model=vision needs it"),
+        (torchvision(), OK, "torchvision 0.28.0 from /usr/lib/torchvision"),
+        (torchvision(pin="2.13.0+cpu"), OK, "from /usr/lib"),  # a local part is the same build
+        (torchvision(pin=None), OK, "from /usr/lib"),  # an image's own build pins nothing
+        (torchvision("/venv/lib/torchvision/__init__.py"), FAIL, "venv shadows the image's"),
+        (torchvision(pin="2.12.0"), FAIL, "built for torch 2.12.0, this torch is 2.13.0"),
+        (torchvision(ops=False, error="operator torchvision::nms does not exist"), FAIL, "nms"),
+        (torchvision(ops=False), WARN, "its compiled ops do not load"),
+    ],
+)
+def test_check_torchvision(found, status, text):
+    result = vision.check_torchvision(found, "2.13.0", "/venv", "/usr", True)
+    assert result.status == status and text in result.message, result
+
+
+def test_torchvision_as_this_process_finds_it():
+    pytest.importorskip("torchvision")
+    found = vision.torchvision_found()
+    assert found.file.endswith("__init__.py") and found.version
+    assert vision.torchvision_here().check == "torchvision"
 
 
 def test_venv_has_system_site_packages(tmp_path):

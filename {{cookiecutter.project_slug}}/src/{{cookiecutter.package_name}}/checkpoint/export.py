@@ -78,7 +78,8 @@ def check_outside_checkpoints(run_dir: Path, out: Path) -> None:
 
 def export_model(run_dir: Path, out: Path) -> Path:
     """Write the model of the newest checkpoint as one file: `.pt` (a torch.save'd state dict)
-    or `.safetensors` (needs the optional `safetensors` package)."""
+    or `.safetensors` (needs the optional `safetensors` package; its metadata records the run's
+    config and, on their own, the fields that rebuild the model: `reload_fields`)."""
     out = Path(out)
     check_outside_checkpoints(run_dir, out)
     if out.suffix not in (".pt", ".safetensors"):
@@ -93,7 +94,9 @@ def export_model(run_dir: Path, out: Path) -> Path:
         if out.suffix == ".pt":
             atomic_write(out, lambda tmp: torch.save(state, tmp))
         else:
-            meta = {"format": "pt", "config": json.dumps(as_built(config), sort_keys=True)}
+            built = as_built(config)
+            meta = {"format": "pt", "config": json.dumps(built, sort_keys=True)}
+            meta |= reload_fields(built)
             atomic_write(out, lambda tmp: st.save_file(state, str(tmp), meta))
     except Exception as err:  # torch's and safetensors' writers hide a full disk's errno
         cause = hidden_write_cause(err, out.parent)
@@ -117,6 +120,24 @@ def as_built(config: dict) -> dict:
     if spec.architecture is None:
         return config
     return config | config_record(spec.architecture(cfg, saved_data_info(config, "export")))
+
+
+def reload_fields(config: dict) -> dict[str, str]:
+    """What rebuilds the model without this package, as metadata strings: `model`, the model's
+    own keys (`vision_model`: torchvision.models.get_model's name), and a classifier's
+    `num_classes` and `class_names` (a JSON list, in label order)."""
+    fields: dict[str, str] = {}
+    model = config.get("model")
+    if isinstance(model, str):
+        fields["model"] = model
+        own = config.get(model)
+        for name, value in (own if isinstance(own, dict) else {}).items():
+            fields[name] = value if isinstance(value, str) else json.dumps(value)
+    info = config.get("data_info")
+    if isinstance(info, dict) and info.get("num_classes"):
+        fields["num_classes"] = str(info["num_classes"])
+        fields["class_names"] = json.dumps(list(info.get("class_names") or ()))
+    return fields
 
 
 def git_commit() -> str | None:

@@ -1,6 +1,9 @@
 """`init_from=PATH`: a new run starts from weights - the newest complete, verified checkpoint of
-another run directory of this package (any parallelism, any rank count), or a Hugging Face model
-directory (config.json + safetensors) in the format of the run's model (`ModelSpec.hf`).
+another run directory of this package (any parallelism, any rank count), a Hugging Face model
+directory (config.json + safetensors) in the format of the run's model (`ModelSpec.hf`), or a
+weights file (`.pth`/`.pt`: a state dict saved by torch.save, as torchvision's weights are, or
+`export --out model.pt`) under the model's own names. A file made for other classes than the
+dataset's loads all but the model's classifier head (`ModelSpec.head`), which stays as built.
 Only the model's weights: optimizer, step, schedule and data position start fresh.
 
 The load is sharded: under FSDP each rank reads only its own part of each tensor - DCP reads a
@@ -11,7 +14,8 @@ first: a source that is not the configured model is refused naming the first ten
 setting) that differs.
 
 A source is read once (`open_initial`, before the run directory is touched): a Hugging Face
-directory's config.json, weight files and tensor headers, or a run directory's checkpoints.
+directory's config.json, weight files and tensor headers, a weights file's tensors (memory-mapped),
+or a run directory's checkpoints.
 What the run's model calls each Hugging Face tensor is its spec's map (`ModelSpec.hf`).
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,9 +50,20 @@ def initial_source(cfg, spec) -> str | None:
     return cfg.init_from or (spec.initial_weights(cfg) if spec.initial_weights else None)
 
 
-# A source, read once: a Hugging Face directory (its config.json and tensors' headers), or the
-# complete checkpoints of a run directory, newest first.
-WeightSource = hf_format.HFDir | list[Path]
+WEIGHT_FILES = (".pth", ".pt")  # torch.save'd state dicts: torchvision's weights, export's .pt
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """A state dict saved by torch.save: tensors under the model's own names."""
+
+    path: Path
+    tensors: dict[str, torch.Tensor]
+
+
+# A source, read once: a Hugging Face directory (its config.json and tensors' headers), a
+# weights file, or the complete checkpoints of a run directory, newest first.
+WeightSource = hf_format.HFDir | WeightsFile | list[Path]
 
 
 def open_initial(cfg, spec, run_dir: str = "") -> WeightSource | None:
@@ -60,8 +76,13 @@ def open_initial(cfg, spec, run_dir: str = "") -> WeightSource | None:
     path = Path(where)
     if not path.exists():
         raise ConfigError(f"init_from={where}: does not exist")
+    if path.is_file() and path.suffix in WEIGHT_FILES:
+        return open_weights_file(path)
     if not path.is_dir():
-        raise ConfigError(f"init_from={where}: a file; a run directory or a model directory")
+        raise ConfigError(
+            f"init_from={where}: a file, but not a weights file ({' or '.join(WEIGHT_FILES)}); "
+            "a run directory, a model directory or a weights file"
+        )
     if run_dir and path.resolve() == Path(run_dir).resolve():
         raise ConfigError(
             f"init_from={where} is this run's own run_dir: to continue a run, start it again "
@@ -86,6 +107,8 @@ def load_initial_weights(
     beside the size of the model's weights (GiB)."""
     if isinstance(source, hf_format.HFDir):
         loaded = _from_hf_dir(model, spec, cfg, info, source)
+    elif isinstance(source, WeightsFile):
+        loaded = _from_weights_file(model, spec, cfg, info, source)
     else:
         loaded = _from_run_dir(model, source)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes
@@ -183,6 +206,61 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     rows = tensor.shape[0]
     chunk = -(-rows // tensor.device_mesh.size())
     return local, min(tensor.device_mesh.get_local_rank() * chunk, rows)
+
+
+def open_weights_file(path: Path) -> WeightsFile:
+    """The tensors of a torch.save'd state dict, memory-mapped (read as they are copied); a
+    file that is not one (a pickled module, a training checkpoint's nested dict) in one line."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # not a zip of tensors, or pickled code weights_only refuses
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"init_from={path}: a file, but not a state dict torch can read ({cause})"
+        ) from None
+    if not isinstance(state, dict) or not state:
+        raise ConfigError(f"init_from={path}: a file, but no state dict (a dict of tensors)")
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(
+                f"init_from={path}: a file, but its entry {name!r} is a {type(tensor).__name__}, "
+                "not a tensor (a state dict of tensors, as torchvision's weights files are)"
+            )
+    return WeightsFile(path, state)
+
+
+def _from_weights_file(model, spec, cfg, info, source: WeightsFile) -> str:
+    """The file's tensors into the model's, each rank its rows. Where the classifier head's
+    shapes differ (other classes), the head keeps the weights `build` gives it."""
+    state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
+    expected = {name: tuple(t.shape) for name, t in state.items()}
+    found = {name: tuple(t.shape) for name, t in source.tensors.items()}
+    head = spec.head(cfg, info) if spec.head else set()
+    kept = sorted(n for n in head if n in found and n in expected and found[n] != expected[n])
+    check_same_tensors(
+        source.path,
+        {n: s for n, s in found.items() if n not in kept},
+        {n: s for n, s in expected.items() if n not in kept},
+    )
+    values = dict(source.tensors)
+    if kept:  # the head as `build` makes it: the same seeded weights as a run without init_from
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            built = spec.build(cfg, info).state_dict()
+        values.update({name: built[name] for name in kept})
+    with torch.no_grad():
+        for name, tensor in state.items():
+            local, start = local_rows(tensor)
+            value = values[name]
+            local.copy_(value[start : start + local.shape[0]] if value.dim() else value)
+    set_model_state_dict(model, state)
+    if not kept:
+        return f"{source.path} (weights file)"
+    classes = found[kept[0]][0] if found[kept[0]] else "other"
+    return (
+        f"{source.path} (weights file; its classifier head is for {classes} classes, the "
+        f"dataset has {info.num_classes}: {', '.join(kept)} left as built)"
+    )
 
 
 def _from_run_dir(model, checkpoints: list[Path]) -> str:

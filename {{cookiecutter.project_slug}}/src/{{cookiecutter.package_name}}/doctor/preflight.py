@@ -55,6 +55,7 @@ from .checks import (
     is_alps_node,
     venv_has_system_site_packages,
 )
+from .vision import torchvision_here
 
 PROG = f"python -m {__name__.split('.')[0]} doctor"
 FULL_SIZES = tuple(s * MIB for s in (1, 4, 16, 64, 256, 1024))
@@ -207,6 +208,7 @@ def local_checks(
             venv_has_system_site_packages(sys.prefix),
             on_alps,
         ),
+        torchvision_here,
         lambda: check_gpus(
             want_gpu,
             torch.cuda.device_count(),

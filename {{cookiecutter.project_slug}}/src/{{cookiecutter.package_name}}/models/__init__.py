@@ -16,6 +16,7 @@ MODEL_MODULES = (
     "gpt",  # a GPT-2 style language model (the default)
     "mlp",  # the minimal classifier example
     "hf",  # any transformers causal LM from a directory (hf_model=DIR; the [hf] extra)
+    "vision",  # any torchvision classifier by name (vision_model=resnet50; the [vision] extra)
 )
 
 
@@ -36,7 +37,8 @@ MODELS: dict[str, ModelSpec] = _load()
 class ModelKeys:
     """The model of a run and what it starts from; each model's own keys are in its module."""
 
-    init_from: str = key("", "start a new run from weights: a run_dir or a Hugging Face model dir")
+    init_from: str = key("", "start a new run from weights: a run_dir, a Hugging Face model dir "
+                         "or a weights file (.pth: torchvision's)")  # fmt: skip
     model: str = key(DEFAULT_MODEL, "the model to train: a module in models/ "
                      "(docs/your-model.md)", choices=tuple(MODELS), resume=True)  # fmt: skip
     dropout: float = key(0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True)

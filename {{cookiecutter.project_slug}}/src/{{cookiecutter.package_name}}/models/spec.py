@@ -177,6 +177,9 @@ class ModelSpec:
     architecture(cfg, info): the run's config with the model's sizes as built where it says
         "0: the preset's" or "the dataset's" (exported files record these); None: its keys say
         it all.
+    head(cfg, info): the names of the classifier head's tensors (their shapes follow the
+        dataset's number of classes): `init_from=` a weights file made for other classes leaves
+        them as built and loads the rest; None: every tensor must match.
     """
 
     name: str
@@ -192,6 +195,7 @@ class ModelSpec:
     hf: HFAdapter | None = None
     initial_weights: Callable[[Any], str | None] | None = None
     architecture: Callable[[Any, DataInfo], Any] | None = None
+    head: Callable[[Any, DataInfo], Collection[str]] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo, example) -> float:
         """`example`: a batch of one sample of the run's data, run through a fresh copy of the
