@@ -220,6 +220,9 @@ def micro_batches(batches: StepBatches, stop_step: int, workers: int, pin: bool)
         pin_memory=pin,
         worker_init_fn=worker_init,
         prefetch_factor=4,
+        # its own generator: starting the loader must not draw from the training process's,
+        # whose state a checkpoint saves (a resumed run starts its loader once more)
+        generator=torch.Generator().manual_seed(0),
     )
     return iter(loader)
 
