@@ -111,7 +111,7 @@ def test_the_same_folder_gives_the_same_bytes(packed, tmp_path):
     # the same data to the same --out: kept; other data there: refused
     kept = image_writer.write_image_dataset(source, out, shard_mb=2 / 1024)
     assert kept["fingerprint"] == index["fingerprint"]
-    with pytest.raises(DatasetError, match="already holds a different dataset"):
+    with pytest.raises(DatasetError, match="already holds a different images dataset"):
         image_writer.write_image_dataset(source, out, val_fraction=0.5, shard_mb=2 / 1024)
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..config_keys import first_line
 from .hf_datasets import default_workers
-from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image
-from .shards import HOST, clear_leftovers, write_json
+from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image, read_index
+from .shards import HOST, clear_leftovers, publish, write_json
 from .sources import DatasetSource
 from .tokens import DatasetError, sample_blocks, sample_sha256
 
@@ -189,30 +189,6 @@ def check_out(out: Path) -> None:
         raise DatasetError(f"{out}: exists and is not a dataset; choose a new directory")
 
 
-def publish(tmp: Path, out: Path, index: dict) -> dict:
-    """Rename the finished `tmp` to `out`; an `out` that already holds the same images (same
-    fingerprint) is kept, any other dataset there is refused."""
-    try:
-        os.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
-        return index
-    except OSError:
-        if not (out / INDEX_FILE).exists():
-            raise DatasetError(
-                f"{out}: exists and is not a dataset; choose a new directory"
-            ) from None
-    try:
-        existing = json.loads((out / INDEX_FILE).read_text())
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{out / INDEX_FILE}: unreadable ({err}); choose a new --out") from None
-    if existing.get("fingerprint") != index["fingerprint"]:
-        raise DatasetError(
-            f"{out}: already holds a different dataset (fingerprint "
-            f"{existing.get('fingerprint')}, new images {index['fingerprint']}); choose another "
-            "--out or delete it"
-        )
-    return existing
-
-
 def write_image_dataset(
     images: Path,
     out: Path,
@@ -267,7 +243,7 @@ def write_image_dataset(
         index["fingerprint"] = "sha256:" + hashlib.sha256(header).hexdigest()
         index["sources"] = [str(images)] + ([str(val)] if val is not None else [])
         write_json(tmp / INDEX_FILE, index)
-        return publish(tmp, out, index)
+        return publish(tmp, out, index, "images dataset", read_index)
     except OSError as err:  # a file gone since the check, a full disk: one line, nothing left
         raise DatasetError(f"{err.filename or out}: {err.strerror or err}") from None
     finally:

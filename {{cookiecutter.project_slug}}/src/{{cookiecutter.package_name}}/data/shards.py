@@ -414,21 +414,24 @@ def write_json(path: Path, data: dict) -> None:
         os.fsync(f.fileno())
 
 
-def publish(tmp: Path, out: Path, index: dict) -> dict:
+def publish(
+    tmp: Path, out: Path, index: dict, what: str = "token dataset", read_existing=read_index
+) -> dict:
     """Rename the finished `tmp` to `out`; if another writer (or an earlier run) got there first,
-    accept its dataset only when it is the same data."""
+    accept its dataset only when it is the same data (the same fingerprint). `read_existing`
+    reads the index.json already there (one DatasetError line when it cannot)."""
     try:
         os.rename(tmp, out)  # atomic; replaces `out` only when it is an empty directory
         return index
     except OSError:
         if not (out / INDEX_FILE).exists():
             raise DatasetError(
-                f"{out}: exists and is not a token dataset; choose a new directory"
+                f"{out}: exists and is not a {what}; choose a new directory"
             ) from None
-    existing = read_index(out)
+    existing = read_existing(out)
     if existing.get("fingerprint") != index["fingerprint"]:
         raise DatasetError(
-            f"{out}: already holds a different token dataset (fingerprint "
+            f"{out}: already holds a different {what} (fingerprint "
             f"{existing.get('fingerprint')}, new data {index['fingerprint']}); "
             "choose another --out or delete it"
         )
