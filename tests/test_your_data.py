@@ -68,7 +68,7 @@ def test_a_dataset_kind_in_one_file_trains_with_workers(user_repo, tmp_path, par
     assert "training finished at step 30" in trained.stderr
     assert "(mae " in trained.stderr  # the task's own figure on the evaluation line
     first, *_, last = eval_errors(run_dir)
-    assert last < 0.4 * first, f"the regression did not learn: eval_mae {first} -> {last}"
+    assert last < 0.7 * first, f"the regression did not learn: eval_mae {first} -> {last}"
 
 
 def test_the_repo_still_holds_its_layout_and_config(user_repo):

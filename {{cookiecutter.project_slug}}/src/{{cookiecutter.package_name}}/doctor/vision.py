@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .checks import FAIL, OK, WARN, Result, venv_has_system_site_packages
+from .checks import FAIL, OK, Result, venv_has_system_site_packages
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,12 @@ def check_torchvision(
         return Result(
             FAIL, "torchvision", f"torchvision {found.version} does not import: {found.error}"
         )
-    if not found.ops_load:
+    if not found.ops_load:  # the package needs its models and transforms only, pure Python
         return Result(
-            WARN,
+            OK,
             "torchvision",
-            f"torchvision {found.version} ({where}): its compiled ops do not load (built for "
-            "another torch?); its models train, nms and torchvision.io do not work",
+            f"torchvision {found.version} ({where}); its compiled ops do not load (built for "
+            "another torch?): model=vision trains, your own nms or torchvision.io would not",
         )
     return Result(OK, "torchvision", f"torchvision {found.version} from {where}")
 
