@@ -68,7 +68,7 @@ def test_package_layout(repo, package):
             "tokens",
         },
         "doctor": {"__init__", "checks", "nodes", "preflight", "vision"},
-        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp"},
+        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp", "vision"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
         "telemetry": {"__init__", "compare", "console", "metrics", "profiling", "tracking"},
     }
