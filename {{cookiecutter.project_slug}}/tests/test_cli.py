@@ -82,6 +82,8 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
     ):
         assert key in train[0]
     assert train[0]["tokens_per_s"] > 0 and train[-1]["eta_s"] == 0
+    for record in train:  # the share of a step spent waiting for input
+        assert record["data_wait_fraction"] == record["data_wait_s"] / record["step_time_s"]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [15, 30]
     assert any(r["kind"] == "checkpoint" and r["stall_s"] > 0 for r in records)
 

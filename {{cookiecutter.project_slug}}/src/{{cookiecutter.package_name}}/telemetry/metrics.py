@@ -155,6 +155,7 @@ class Metrics:
             "lr": lr,
             "step_time_s": step_time,
             "data_wait_s": wait / max(self.window_steps, 1),
+            "data_wait_fraction": wait / max(self.window_steps, 1) / step_time,
             f"{self.unit}_per_s": per_s,
             f"{self.unit}_per_s_per_rank": per_s / self.world,
             "tflops_per_rank": self.flops_per_step / step_time / 1e12,
