@@ -61,6 +61,7 @@ def test_package_layout(repo, package):
             "images",
             "info",
             "kinds",
+            "plain_loader",
             "prefetch",
             "shards",
             "sources",

@@ -1,0 +1,89 @@
+"""The input of the plainly written loop that `benchmark` compares the package with when the
+samples are decoded: torchvision's reference train.py's way, a map-style Dataset read through
+`DataLoader(num_workers=..., sampler=DistributedSampler(...), pin_memory=<on GPU>)`, epoch after
+epoch (`sampler.set_epoch`), with none of the package's batching or per-sample seeding.
+
+For a directory written by `make-dataset --images` the Dataset is written plainly here too: it
+opens the shard for each image, reads the record at its offset and decodes it with PIL, as an
+ImageFolder opens each file (not the package's reader), then applies the same torchvision
+transforms as the images kind (random resized crop, flip, normalisation). Any other decoded
+dataset (`dataset=synthetic` images, a kind of yours) is its own training split, read as it is.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .images import INDEX_FILE, pil_image, train_transform
+from .info import Splits
+from .tokens import DatasetError
+
+# Batches each loader process prepares ahead: the same depth as the package's loader (batches.py)
+PREFETCH_FACTOR = 4
+
+
+class PackedImagesPlainly(Dataset):
+    """The training images of a make-dataset --images directory: item i opens its shard, reads
+    record i (offset, length) and decodes it with PIL; (transformed image, int64 label)."""
+
+    def __init__(self, directory: Path, image_size: int):
+        index = json.loads((directory / INDEX_FILE).read_text())
+        self.records = np.load(directory / index["train"]["index"])
+        self.shards = [directory / entry["name"] for entry in index["train"]["shards"]]
+        self.transform = train_transform(image_size)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        offset, length, label, shard = (int(v) for v in self.records[index])
+        with open(self.shards[shard], "rb") as file:
+            file.seek(offset)
+            data = file.read(length)
+        image = pil_image().open(io.BytesIO(data)).convert("RGB")
+        return self.transform(image), torch.tensor(label, dtype=torch.int64)
+
+
+def plain_training_set(source: Splits, cfg) -> tuple[Dataset, str]:
+    """(the training Dataset of the plain loop, what it is in a few words)."""
+    if source.info.kind == "images" and cfg.dataset != "synthetic":
+        dataset = PackedImagesPlainly(Path(cfg.dataset), cfg.image_size)
+        return dataset, "each image's shard opened and read at its offset, decoded with PIL"
+    return source.train, f"the {source.info.kind} kind's own training split"
+
+
+def plain_batches(
+    dataset: Dataset, collate, cfg, rank: int, world: int, workers: int, pin: bool
+) -> Iterator:
+    """Endless batches of `dataset` for this rank: a DistributedSampler's shuffle per epoch
+    (every rank a distinct share), `workers` loader processes kept across epochs (so an epoch's
+    start costs nothing the package's single loader does not pay), full batches only."""
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=cfg.seed)
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin,
+        drop_last=True,
+        persistent_workers=workers > 0,
+        prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
+    )
+    if len(loader) == 0:
+        raise DatasetError(
+            f"the training split has {len(dataset)} samples, fewer than batch_size x ranks "
+            f"({cfg.batch_size} x {world})"
+        )
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
