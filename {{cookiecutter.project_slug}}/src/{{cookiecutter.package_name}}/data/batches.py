@@ -60,6 +60,9 @@ class DataKeys:
 # fmt: on
 
 
+PREFETCH_FACTOR = 4  # micro-batches each loader process prepares ahead
+
+
 class SampleStream:
     """The training split's indices as an endless stream of epochs: epoch e is a permutation of
     range(size) drawn from (seed, e) alone."""
@@ -219,7 +222,7 @@ def micro_batches(batches: StepBatches, stop_step: int, workers: int, pin: bool)
         num_workers=workers,
         pin_memory=pin,
         worker_init_fn=worker_init,
-        prefetch_factor=4,
+        prefetch_factor=PREFETCH_FACTOR,
         # its own generator: starting the loader must not draw from the training process's,
         # whose state a checkpoint saves (a resumed run starts its loader once more)
         generator=torch.Generator().manual_seed(0),

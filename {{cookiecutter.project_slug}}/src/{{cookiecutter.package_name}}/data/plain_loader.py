@@ -21,12 +21,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
 from .images import INDEX_FILE, pil_image, train_transform
 from .info import Splits
 from .tokens import DatasetError
-
-# Batches each loader process prepares ahead: the same depth as the package's loader (batches.py)
-PREFETCH_FACTOR = 4
 
 
 class PackedImagesPlainly(Dataset):
