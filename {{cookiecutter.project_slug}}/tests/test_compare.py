@@ -1,5 +1,7 @@
 """compare: runs of a local sweep side by side (the loop docs/training.md shows)."""
 
+import json
+
 import pytest
 from conftest import TINY
 
@@ -44,3 +46,21 @@ def test_compare_needs_two_runs_with_records(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "c.png")]) == 1
     assert f"{tmp_path}: no metrics.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "c.png").exists()
+
+
+def test_compare_reads_each_tasks_throughput(tmp_path, capsys):
+    """The throughput column is the task's own unit: images for model=vision, not tokens."""
+    pytest.importorskip("matplotlib")
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for i, run in enumerate(runs):
+        run.mkdir()
+        records = [
+            {"kind": "train", "step": s, "loss": 1.0 / s, "images_per_s": 100.0 * (i + 1),
+             "images_per_s_per_rank": 50.0, "time": float(s)}
+            for s in (1, 2, 3)
+        ]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "c.png"
+    assert main(["compare", *[f"run_dir={run}" for run in runs], "--out", str(out)]) == 0
+    header, first, second = capsys.readouterr().out.splitlines()[:3]
+    assert "images/s" in header and "100" in first and "200" in second

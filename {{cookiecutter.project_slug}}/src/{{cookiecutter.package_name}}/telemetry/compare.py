@@ -12,7 +12,7 @@ from pathlib import Path
 from ..config_keys import ConfigError, read_toml
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir
-from .metrics import has_numbers, pyplot, read_records
+from .metrics import has_numbers, pyplot, read_records, throughput_unit
 
 
 def summary(run_dir: Path) -> dict:
@@ -25,7 +25,7 @@ def summary(run_dir: Path) -> dict:
     evals = [
         r["eval_loss"] for r in records if r.get("kind") == "eval" and has_numbers(r, "eval_loss")
     ]
-    unit = "tokens" if train and "tokens_per_s" in train[0] else "samples"
+    unit = throughput_unit(train[0]) if train else "samples"
     speeds = sorted(r[f"{unit}_per_s"] for r in train if has_numbers(r, f"{unit}_per_s"))
     return {
         "run": str(run_dir),

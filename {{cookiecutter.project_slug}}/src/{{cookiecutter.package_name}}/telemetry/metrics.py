@@ -252,6 +252,13 @@ def has_numbers(record: dict, *keys: str) -> bool:
     return all(isinstance(record.get(k), (int, float)) for k in keys)
 
 
+def throughput_unit(record: dict) -> str:
+    """What a training record's throughput counts: the task's unit in its `<unit>_per_s` field
+    (tokens, images, samples, or yours)."""
+    found = [k for k in record if k.endswith("_per_s") and not k.endswith("_per_rank")]
+    return found[0].removesuffix("_per_s") if found else "samples"
+
+
 def pyplot(purpose: str):
     """matplotlib.pyplot, drawing into files (a compute node has no display); without
     matplotlib, a RuntimeError (exit 1) that says how to install it."""
@@ -285,7 +292,7 @@ def plot(path: Path, out: Path | None = None) -> Path:
         )
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
-    unit = "tokens" if "tokens_per_s" in train[0] else "samples"
+    unit = throughput_unit(train[0])
     speed = [r for r in train if has_numbers(r, f"{unit}_per_s")]
     ax_speed.plot([r["step"] for r in speed], [r[f"{unit}_per_s"] for r in speed])
     ax_speed.set_ylabel(f"{unit}/s (all ranks)")
