@@ -224,3 +224,14 @@ def test_an_export_records_the_model_name_and_the_classes(tmp_path, images):
     assert json.loads(meta["class_names"]) == list(CLASS_NAMES)
     model = torchvision.models.get_model(meta["vision_model"], num_classes=int(meta["num_classes"]))
     model.load_state_dict(st.load_file(out))  # torchvision reloads it as it is
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "why"),
+    [("vit_b_16", 40, "indivisible by patch size"), ("inception_v3", 32, "Kernel size")],
+)
+def test_an_image_size_the_model_cannot_take_is_one_line(name, size, why, single_process, capsys):
+    argv = ["train", *TINY_VISION, f"vision_model={name}", f"image_size={size}", "run_dir=r"]
+    assert main(argv) == 2
+    line = one_line(capsys)
+    assert f"vision_model={name} cannot take {size}-pixel images" in line and why in line

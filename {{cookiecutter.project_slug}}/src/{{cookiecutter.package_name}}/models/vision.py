@@ -65,6 +65,24 @@ def check(cfg) -> None:
         raise ConfigError(
             f"config key 'vision_model': torchvision has no classification model {name!r}; {hint}"
         )
+    probe_image_size(name, cfg.image_size)
+
+
+def probe_image_size(name: str, size: int) -> None:
+    """A model that cannot take `size`-pixel images (a ViT's patches, Inception's smallest
+    input) says so when the config is loaded, not in a traceback at its first step: one forward
+    on the meta device (shapes only, no memory; about 0.1 s)."""
+    from ..data.info import DataInfo
+
+    info = DataInfo("images", "", num_classes=10, details={"image_size": size})
+    try:
+        with torch.device("meta"), torch.no_grad():
+            torchvision_model(name, 10, info).eval()(torch.empty(1, 3, size, size))
+    except (AssertionError, RuntimeError) as err:
+        raise ConfigError(
+            f"config key 'image_size': vision_model={name} cannot take {size}-pixel images "
+            f"({first_line(err)}); choose another image_size"
+        ) from None
 
 
 def wants_channels_last(cfg) -> bool:
