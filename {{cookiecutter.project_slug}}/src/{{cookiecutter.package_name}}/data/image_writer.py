@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 from ..config_keys import first_line
 from .hf_datasets import default_workers
 from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image, read_index
-from .shards import HOST, clear_leftovers, publish, write_json
+from .shards import publish, temporary_directory, write_json
 from .sources import DatasetSource
 from .tokens import DatasetError, sample_blocks, sample_sha256
 
@@ -222,13 +221,7 @@ def write_image_dataset(
         validation = f"from {val}"
     check_out(out)
     modes = check_images([path for path, _ in train + held], workers or default_workers())
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        clear_leftovers(out)
-        tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-    except OSError as err:
-        raise DatasetError(f"{out}: cannot create: {err.strerror or err}") from None
+    tmp = temporary_directory(out)
     try:
         index = {"format": FORMAT, "classes": classes}
         index["counts"] = {"train": len(train), "val": len(held)}

@@ -239,13 +239,7 @@ def write_shards(
     if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
         raise DatasetError(f"{out}: exists and is not a token dataset; choose a new directory")
     dtype = token_dtype(vocab_size)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        clear_leftovers(out)
-        tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-    except OSError as err:
-        raise DatasetError(f"{out}: cannot create: {err.strerror or err}") from None
+    tmp = temporary_directory(out)
     train = ShardWriter(tmp, "train", shard_tokens, dtype)
     val = ShardWriter(tmp, "val", shard_tokens, dtype)
     try:
@@ -288,6 +282,19 @@ def write_shards(
 
 HOST = socket.gethostname().replace("/", "_")
 LEFTOVER_AGE_S = 3600  # a temporary directory unchanged this long has no writer left
+
+
+def temporary_directory(out: Path) -> Path:
+    """A new hidden directory beside `out` that a writer fills and then renames to `out`
+    (`publish`); a dead writer's leftover for the same `out` is removed first."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clear_leftovers(out)
+        tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError as err:
+        raise DatasetError(f"{out}: cannot create: {err.strerror or err}") from None
+    return tmp
 
 
 def clear_leftovers(out: Path) -> None:
