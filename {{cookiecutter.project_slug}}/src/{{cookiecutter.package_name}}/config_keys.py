@@ -13,7 +13,8 @@ about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
 docs table shows; validation, the defaults check of configs/default.toml and the docs table are
 derived from it. Beside the keys: the one parser of the `key=value` spelling, the one reader of
-a TOML file, one-line error messages and the import of an optional package. This module imports
+a TOML file, one-line error messages, the import of an optional package and the loader of the
+registries (models, dataset kinds). This module imports
 nothing of the package, so every other one can use it.
 """
 
@@ -67,6 +68,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path} is not valid UTF-8 TOML: {err}") from None
+
+
+def load_registry(package: str, modules: tuple[str, ...], attribute: str) -> dict[str, Any]:
+    """The registry of a folder whose members are one module and one line each (models,
+    dataset kinds): each module's `attribute` (`SPEC`, `KIND`) by its `.name`; two modules
+    that give one name are refused when the package is imported."""
+    found: dict[str, Any] = {}
+    for module in modules:
+        entry = getattr(importlib.import_module(f".{module}", package), attribute)
+        if entry.name in found:
+            folder = package.rpartition(".")[2]
+            raise ImportError(f"two entries are named {entry.name!r} ({folder}/{module}.py)")
+        found[entry.name] = entry
+    return found
 
 
 def optional_import(module: str, extra: str, purpose: str, error: type[Exception] = ConfigError):

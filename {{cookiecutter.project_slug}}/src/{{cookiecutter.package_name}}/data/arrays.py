@@ -16,10 +16,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..run.atomic import atomic_write_text
-from .info import DataInfo, DatasetKind, Splits
+from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
 from .tokens import DatasetError, file_sha256
 
-INDEX_FILE = "index.json"
 FORMAT = "npy-arrays/1"
 
 

@@ -36,10 +36,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config_keys import first_line, key, optional_import
-from .info import DataInfo, DatasetKind, Splits
+from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
 from .tokens import DatasetError, sample_sha256
 
-INDEX_FILE = "index.json"
 FORMAT = "images/1"
 SPLITS = ("train", "val")
 # one record per image in <split>-index.npy

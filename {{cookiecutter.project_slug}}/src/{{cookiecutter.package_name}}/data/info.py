@@ -13,6 +13,8 @@ from torch.utils.data import Dataset, default_collate
 
 from ..config_keys import ConfigError
 
+INDEX_FILE = "index.json"  # every dataset directory has one; its "format" names its kind
+
 
 @dataclass(frozen=True)
 class DataInfo:

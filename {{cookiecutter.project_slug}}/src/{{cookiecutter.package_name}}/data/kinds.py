@@ -14,14 +14,11 @@ and however many ranks share the stream.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
-from ..config_keys import ConfigError
-from .info import DatasetKind, Splits
-
-INDEX_FILE = "index.json"  # every dataset directory has one; its "format" names the kind
+from ..config_keys import ConfigError, load_registry
+from .info import INDEX_FILE, DatasetKind, Splits
 
 KIND_MODULES = (
     "tokens",  # token shards for language models (make-dataset --stdlib/--text/--tokens/--hf)
@@ -30,17 +27,7 @@ KIND_MODULES = (
 )
 
 
-def _load() -> dict[str, DatasetKind]:
-    kinds: dict[str, DatasetKind] = {}
-    for module in KIND_MODULES:
-        kind = importlib.import_module(f".{module}", __package__).KIND
-        if kind.name in kinds:
-            raise ImportError(f"two dataset kinds are named {kind.name!r} (data/{module}.py)")
-        kinds[kind.name] = kind
-    return kinds
-
-
-KINDS: dict[str, DatasetKind] = _load()
+KINDS: dict[str, DatasetKind] = load_registry(__package__, KIND_MODULES, "KIND")
 
 
 def kind_of_directory(directory: Path) -> DatasetKind:

@@ -33,9 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .info import DataInfo, DatasetKind, Splits
+from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
 
-INDEX_FILE = "index.json"
 FORMAT = "tokens/1"
 # little-endian, as numpy writes them on x86/ARM; index.json says "uint16" or "uint32"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

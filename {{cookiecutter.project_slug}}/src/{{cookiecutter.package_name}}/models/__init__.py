@@ -5,10 +5,9 @@ its module name to MODEL_MODULES: one line. Nothing else in the package knows a 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
-from ..config_keys import ConfigError, Key, key, keys_of
+from ..config_keys import ConfigError, Key, key, keys_of, load_registry
 from .spec import ModelSpec
 
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
@@ -20,17 +19,7 @@ MODEL_MODULES = (
 )
 
 
-def _load() -> dict[str, ModelSpec]:
-    specs: dict[str, ModelSpec] = {}
-    for module in MODEL_MODULES:
-        model_spec = importlib.import_module(f".{module}", __name__).SPEC
-        if model_spec.name in specs:
-            raise ImportError(f"two models are named {model_spec.name!r} (models/{module}.py)")
-        specs[model_spec.name] = model_spec
-    return specs
-
-
-MODELS: dict[str, ModelSpec] = _load()
+MODELS: dict[str, ModelSpec] = load_registry(__name__, MODEL_MODULES, "SPEC")
 
 
 @dataclass
