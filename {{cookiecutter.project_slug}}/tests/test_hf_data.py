@@ -314,8 +314,8 @@ def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
     )
     for key in ("pipeline_tokens_per_s", "encode_batch_tokens_per_s", "peak_rss_mib"):
         assert result[key] > 0
-    assert result["ratio"] == pytest.approx(
-        result["pipeline_tokens_per_s"] / result["encode_batch_tokens_per_s"], rel=0.01
+    assert result["ratio"] == pytest.approx(  # the line rounds the ratio to 3 decimals
+        result["pipeline_tokens_per_s"] / result["encode_batch_tokens_per_s"], abs=5e-4
     )
 
 
