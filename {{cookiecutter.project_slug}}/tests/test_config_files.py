@@ -4,7 +4,7 @@ import pytest
 from conftest import REPO, TINY
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, load_config
+from {{ cookiecutter.package_name }}.config.settings import Config, ConfigError, load_config, to_toml
 
 
 def write(path, text):
@@ -131,3 +131,73 @@ def test_a_wrong_model_table_is_one_line_naming_the_file(tmp_path, text, message
     path = write(tmp_path / "c.toml", text)
     with pytest.raises(ConfigError, match=f"config file {path}: {message}"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "base_spelling",
+    ['preset = "tiny"\n', 'gpt.preset = "tiny"\n', '[gpt]\npreset = "tiny"\n'],
+    ids=["flat", "dotted", "table"],
+)
+@pytest.mark.parametrize(
+    "own_spelling", ['preset = "gpt2-124m"\n', '[gpt]\npreset = "gpt2-124m"\n'], ids=["own", "own-table"]
+)
+def test_a_files_own_key_beats_its_bases_in_any_spelling(tmp_path, base_spelling, own_spelling):
+    """`extends` a file with `[gpt] preset = "tiny"` and say `preset = "gpt2-124m"`: the file's
+    own key wins (it trained gpt:tiny, and config.toml's origins credited the extending file);
+    the two files as two --config give the same."""
+    base = write(tmp_path / "configs" / "tiny.toml", f"lr = 0.003\n{base_spelling}")
+    own = write(tmp_path / "configs" / "exp" / "big.toml", f'extends = "../tiny.toml"\n{own_spelling}')
+    cfg, origins = load_config(own)
+    assert cfg.gpt.preset == "gpt2-124m" and cfg.lr == 0.003
+    assert origins == {"lr": str(base), "preset": str(own)}  # each value's own file
+    assert load_config([base, own]).config == cfg
+    assert load_config([own, base]).config.gpt.preset == "tiny"  # the later file wins
+
+
+def test_the_repositorys_tiny_toml_extended_with_a_preset_trains_it(tmp_path):
+    own = write(tmp_path / "big.toml", f'extends = "{REPO / "configs" / "tiny.toml"}"\n')
+    own.write_text(own.read_text() + 'preset = "gpt2-124m"\n')
+    cfg, origins = load_config(own)
+    assert (cfg.gpt.preset, cfg.batch_size, origins["preset"]) == ("gpt2-124m", 8, str(own))
+    assert origins["batch_size"] == str(REPO / "configs" / "tiny.toml")
+
+
+def test_one_source_giving_a_key_plainly_and_in_its_table_is_refused(tmp_path):
+    """Inside one file, or the command line: the plain key and the model's table with different
+    values is one line naming both spellings (the table won silently); equal values pass."""
+    both = write(tmp_path / "both.toml", 'preset = "gpt2-124m"\n[gpt]\npreset = "tiny"\n')
+    message = r"'preset' is set twice, as preset = 'gpt2-124m' and as gpt.preset = 'tiny'; keep one"
+    with pytest.raises(ConfigError, match=f"config file {both}: {message}"):
+        load_config(both)
+    with pytest.raises(
+        ConfigError,
+        match="command line: 'preset' is set twice, as preset=gpt2-124m and as gpt.preset=tiny",
+    ):
+        load_config(None, ["preset=gpt2-124m", "gpt.preset=tiny"])
+    same = write(tmp_path / "same.toml", 'preset = "tiny"\n[gpt]\npreset = "tiny"\n')
+    assert load_config(same).config.gpt.preset == "tiny"
+    assert load_config(None, ["preset=tiny", "preset=gpt2-124m"]).config.gpt.preset == "gpt2-124m"
+    # a later source in either spelling overrides an earlier one in the other
+    assert load_config(both.with_name("same.toml"), ["gpt.preset=gpt2-350m"]).config.gpt.preset == "gpt2-350m"
+
+
+def test_vocab_size_is_not_recorded_for_a_model_that_does_not_read_it(tmp_path, caplog):
+    """configs/tiny.toml's vocab_size = 256 sizes the GPT and synthetic tokens; model=hf on a
+    dataset directory (or model=mlp) reads it nowhere: left at its default, with a line,
+    instead of recorded in config.toml as if used."""
+    transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
+    transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=512, max_position_embeddings=64,
+    ).save_pretrained(tmp_path / "llama")  # fmt: skip
+    tiny = REPO / "configs" / "tiny.toml"
+    hf = ["model=hf", f"hf_model={tmp_path / 'llama'}", "hf_weights=random", "hf_context_length=64"]
+    cfg, origins = load_config(tiny, [*hf, f"dataset={tmp_path}"])
+    assert cfg.vocab_size == Config().vocab_size and "vocab_size" not in origins
+    assert "vocab_size = 0\n" in to_toml(cfg)
+    assert f"vocab_size=256 (from {tiny}) is not read by model=hf with dataset={tmp_path}" in (
+        caplog.text
+    )
+    assert load_config(tiny, hf).config.vocab_size == 256  # synthetic tokens read it
+    assert load_config(tiny, [f"dataset={tmp_path}"]).config.vocab_size == 256  # the GPT's
+    assert load_config(tiny, ["model=mlp"]).config.vocab_size == Config().vocab_size

@@ -66,6 +66,20 @@ def test_a_large_preset_on_a_cpu_warns_with_the_estimated_step_time(caplog, monk
     assert not messages(caplog, "WARNING")  # the same run on a GPU
 
 
+def test_a_run_with_tiny_tomls_batch_is_told_its_model_is_large(caplog, monkeypatch):
+    """`--config configs/tiny.toml` with a large model: the warning names the model, it does
+    not send the run to the file it already uses."""
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 40.0)
+    cfg = Config(batch_size=8)
+    console.Console(cfg, True, torch.device("cpu"), 6 * 124e6 * 8 * 1024, 1024, 0).start(0)
+    (warning,) = messages(caplog, "WARNING")
+    assert "configs/tiny.toml" not in warning
+    assert warning.endswith(
+        "the model (gpt:gpt2-124m) makes it so at batch_size 8: for a try-out choose a "
+        "smaller one, or run on a GPU node"
+    )
+
+
 def test_the_real_cpu_measurement_is_positive():
     assert console.cpu_matmul_gflops(size=64, repeats=2) > 0
 

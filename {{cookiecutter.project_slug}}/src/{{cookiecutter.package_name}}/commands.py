@@ -306,9 +306,8 @@ def add_compare(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "runs", type=run_dir_argument, nargs="+", metavar="run_dir=DIR", help="two runs or more"
     )
-    cmd.add_argument(
-        "--out", type=Path, default=Path("compare.png"), help="PNG file (default: compare.png)"
-    )
+    help = "PNG file, or a directory for compare.png (default: the first run's directory)"
+    cmd.add_argument("--out", type=Path, help=help)
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from ..run.atomic import atomic_write_text
 from ..run.preemption import CheckpointKeys, PreemptionKeys
 from ..telemetry.metrics import TelemetryKeys
 from ..telemetry.profiling import ProfilingKeys, check_profile_keys
-from .files import read_file
+from .files import Settings, read_file, refuse_two_spellings
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -213,43 +213,67 @@ def load_config(
     job_defaults: Sequence[str] = (),
 ) -> Loaded:
     """Declared defaults <- a job script's defaults (`--job-default key=value`, e.g. its dataset)
-    <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. In each, the
-    table of the model the run trains (`[gpt]`, or `gpt.preset=...`) counts as its own keys;
-    other models' tables are ignored."""
+    <- TOML files (merged in order, `extends` followed) <- `key=value` overrides. In each, a key
+    of the model the run trains counts the same whether spelled plainly (`preset`) or in the
+    model's table (`[gpt] preset`, `gpt.preset=...`): the one set last wins (a file's own keys
+    come after its base's); other models' tables are ignored."""
+    paths = [path] if isinstance(path, str | Path) else list(path or ())
+    layers = [
+        parse_items(job_defaults, "job script default"),
+        *(read_file(file, parse_value) for file in paths),
+        parse_items(overrides, "command line"),
+    ]
+    model = next((layer["model"][0] for layer in reversed(layers) if "model" in layer), None)
+    model = model or DEFAULT_MODEL
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
-
-    def take(items: dict[str, Any], origin: str) -> None:
-        values.update(items)
-        for name in items:
+    for layer in layers:
+        for spelling, (value, origin) in layer.items():
+            table, dot, name = spelling.rpartition(".")
+            if dot and table != model:
+                continue  # another model's table
+            values[name] = value
             origins.pop(name, None)  # re-inserted: keys keep the order of their last source
             origins[name] = origin
-
-    layers = [("job script default", parse_items(job_defaults))]
-    paths = [path] if isinstance(path, str | Path) else list(path or ())
-    for file in paths:  # a name with a newline must not end config.toml's comment line
-        label = str(file) if str(file).isprintable() else ascii(str(file))
-        layers.append((label, read_file(file, parse_value)))
-    layers.append(("command line", parse_items(overrides)))
-    model = next((v["model"] for _, v in reversed(layers) if "model" in v), DEFAULT_MODEL)
-    for origin, layer in layers:
-        flat = {key: value for key, value in layer.items() if not isinstance(value, dict)}
-        take(flat | layer.get(model, {}), origin)
+    drop_unread_vocab_size(values, origins)
     return Loaded(validate(config_from(values)), origins)
 
 
-def parse_items(items: Sequence[str]) -> dict[str, Any]:
-    """`key=value` items -> values; `gpt.preset=tiny` into the model's table, as in a file."""
+def drop_unread_vocab_size(values: dict[str, Any], origins: dict[str, str]) -> None:
+    """`vocab_size` sizes synthetic tokens and a model whose spec says it reads it (the GPT's
+    embedding). Another model's run on a dataset directory (or a classifier's on synthetic data)
+    reads it nowhere: a value set for it, e.g. configs/tiny.toml's 256 for the GPT, is dropped
+    with a line instead of being recorded in config.toml as if used."""
+    spec = MODELS[values.get("model", DEFAULT_MODEL)]
+    synthetic_tokens = values.get("dataset", GENERAL["dataset"].default) == "synthetic" and (
+        spec.reads[0] == "tokens"
+    )
+    if not values.get("vocab_size") or spec.reads_vocab_size or synthetic_tokens:
+        return
+    log.warning(
+        "vocab_size=%s (from %s) is not read by model=%s with dataset=%s (it sizes synthetic "
+        "tokens and the models that say they read it): left at its default, %s",
+        values.pop("vocab_size"),
+        origins.pop("vocab_size"),
+        spec.name,
+        values.get("dataset", GENERAL["dataset"].default),
+        GENERAL["vocab_size"].default,
+    )
+
+
+def parse_items(items: Sequence[str], origin: str) -> Settings:
+    """`key=value` items -> values by spelling (`gpt.preset=tiny` as the model's table in a
+    file), credited to `origin`. A key repeated in one spelling: the last one wins."""
     values: dict[str, Any] = {}
     for item in items:
         key, value = split_assignment(item)
-        parsed = parse_value(key, value)
-        model, dot, own = key.partition(".")
-        if dot:
-            values.setdefault(model, {})[own] = parsed
-        else:
-            values[key] = parsed
-    return values
+        values.pop(key, None)
+        values[key] = parse_value(key, value)
+    try:
+        refuse_two_spellings(values, lambda key, value: f"{key}={value}")
+    except ConfigError as err:
+        raise ConfigError(f"{origin}: {err}") from None
+    return {key: (value, origin) for key, value in values.items()}
 
 
 def describe_origins(origins: dict[str, str]) -> str:

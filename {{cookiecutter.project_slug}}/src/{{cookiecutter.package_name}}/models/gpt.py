@@ -272,6 +272,7 @@ SPEC = spec.ModelSpec(
     check=check,
     describe=lambda cfg: f"gpt:{cfg.gpt.preset}",
     architecture=as_built,
+    reads_vocab_size=True,
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
         from_hf=lambda cfg, info, hf, names, _: gpt_hf.from_hf(
             hf, names, config_of(cfg, info), cfg.vocab_size or info.vocab_size

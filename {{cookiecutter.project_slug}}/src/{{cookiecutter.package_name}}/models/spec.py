@@ -177,6 +177,9 @@ class ModelSpec:
     architecture(cfg, info): the run's config with the model's sizes as built where it says
         "0: the preset's" or "the dataset's" (exported files record these); None: its keys say
         it all.
+    reads_vocab_size: the model's size follows the `vocab_size` key (the GPT's embedding). Else
+        only synthetic tokens read it: on a dataset directory the key is dropped from the
+        run's config with a warning (config/settings.py), not recorded as if it were used.
     head(cfg, info): the names of the classifier head's tensors (their shapes follow the
         dataset's number of classes): `init_from=` a weights file made for other classes leaves
         them as built and loads the rest; None: every tensor must match.
@@ -196,6 +199,7 @@ class ModelSpec:
     initial_weights: Callable[[Any], str | None] | None = None
     architecture: Callable[[Any, DataInfo], Any] | None = None
     head: Callable[[Any, DataInfo], Collection[str]] | None = None
+    reads_vocab_size: bool = False
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo, example) -> float:
         """`example`: a batch of one sample of the run's data, run through a fresh copy of the

@@ -1,7 +1,9 @@
 """Runs side by side: `python -m <package> compare run_dir=A run_dir=B ...` prints one table
 (steps, best and last eval loss, throughput, wall time, the settings that differ) and writes one
-PNG with their loss curves overlaid. It reads what each run wrote: metrics.jsonl (each step's
-record from its latest segment) and config.toml.
+PNG with their loss curves overlaid (`--out`, by default compare.png in the first run's
+directory). It reads what each run wrote: metrics.jsonl (each step's record from its latest
+segment) and config.toml. A run named twice (two spellings of one path) is compared once; a
+NaN or infinite value (a diverged run) is left out of the figures and the plot, and counted.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ from .metrics import has_numbers, pyplot, read_records, throughput_unit
 
 
 def summary(run_dir: Path) -> dict:
-    """What one run reached, from its own records."""
+    """What one run reached, from its own records; "not_finite" counts the records left out
+    for a NaN or infinite value (a diverged run's loss, a clock gone wrong)."""
     path = RunDir(run_dir).metrics
     if not path.is_file():
         raise RuntimeError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
     records = read_records(path)
-    train = [r for r in records if r.get("kind") == "train" and has_numbers(r, "step", "loss")]
+    kept = [r for r in records if finite(r, "step", "loss", "eval_loss", "time")]
+    train = [r for r in kept if r.get("kind") == "train" and has_numbers(r, "step", "loss")]
     evals = [
-        r["eval_loss"] for r in records if r.get("kind") == "eval" and has_numbers(r, "eval_loss")
+        r["eval_loss"] for r in kept if r.get("kind") == "eval" and has_numbers(r, "eval_loss")
     ]
     unit = throughput_unit(train[0]) if train else "samples"
-    speeds = sorted(r[f"{unit}_per_s"] for r in train if has_numbers(r, f"{unit}_per_s"))
+    speeds = sorted(r[f"{unit}_per_s"] for r in train if finite(r, f"{unit}_per_s", need=True))
     return {
         "run": str(run_dir),
         "steps": train[-1]["step"] if train else 0,
@@ -35,9 +39,19 @@ def summary(run_dir: Path) -> dict:
         "last_eval": evals[-1] if evals else math.nan,
         "per_s": speeds[len(speeds) // 2] if speeds else math.nan,  # the median
         "unit": unit,
-        "wall_s": wall_time(records),
+        "wall_s": wall_time(kept),
         "train": train,
+        "not_finite": len(records) - len(kept),
     }
+
+
+def finite(record: dict, *keys: str, need: bool = False) -> bool:
+    """Whether the record's numbers under `keys` are finite (a missing one passes unless
+    `need`; a value that is not a number is another check's: has_numbers)."""
+    values = [record.get(k) for k in keys]
+    if need and not has_numbers(record, *keys):
+        return False
+    return all(math.isfinite(v) for v in values if isinstance(v, int | float))
 
 
 def wall_time(records: list[dict]) -> float:
@@ -113,14 +127,30 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
-def compare(run_dirs: list[Path], out: Path) -> tuple[str, Path]:
-    """The table (text) and the PNG of the runs' training (and eval) loss against step."""
+def distinct(run_dirs: list[Path]) -> list[Path]:
+    """The runs in the order given, each once: `runs/a`, `./runs/a/` and its absolute path are
+    one run directory."""
+    seen, runs = set(), []
+    for run_dir in map(Path, run_dirs):
+        if run_dir.resolve() not in seen:
+            seen.add(run_dir.resolve())
+            runs.append(run_dir)
+    return runs
+
+
+def compare(run_dirs: list[Path], out: Path | None = None) -> tuple[str, Path]:
+    """The table (text) and the PNG of the runs' training loss against step, written to `out`
+    (a file, or a directory to hold compare.png; None: the first run's directory)."""
+    run_dirs = distinct(run_dirs)
     if len(run_dirs) < 2:
-        raise ConfigError("compare needs at least two runs: compare run_dir=A run_dir=B ...")
-    rows = [summary(Path(d)) for d in run_dirs]
-    configs = [config_of(Path(d)) for d in run_dirs]
+        raise ConfigError(
+            "compare needs at least two runs (a run named twice counts once): "
+            "compare run_dir=A run_dir=B ..."
+        )
+    rows = [summary(d) for d in run_dirs]
+    configs = [config_of(d) for d in run_dirs]
     plt = pyplot("compare's plot")
-    out = Path(out)
+    out = Path(run_dirs[0] if out is None else out)
     if out.is_dir():
         out = out / "compare.png"
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -133,6 +163,18 @@ def compare(run_dirs: list[Path], out: Path) -> tuple[str, Path]:
     fig.tight_layout()
     try:
         atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    except OSError as err:  # named after the file asked for, not the hidden one written first
+        raise OSError(err.errno, f"cannot write {out}: {err.strerror or err}") from None
     finally:
         plt.close(fig)
-    return table(rows, configs), out
+    return table(rows, configs) + skipped_values(rows), out
+
+
+def skipped_values(rows: list[dict]) -> str:
+    """A line per run whose records with a NaN or infinite value were left out of the table
+    and the plot."""
+    return "".join(
+        f"\n{row['run']}: {row['not_finite']} record(s) with a NaN or infinite value left out"
+        for row in rows
+        if row["not_finite"]
+    )

@@ -18,6 +18,7 @@ from ..models import spec_of
 log = logging.getLogger(__name__.split(".")[0])
 
 SLOW_STEP_S = 2.0  # warn when a CPU step is expected to take longer than this
+TRY_OUT_BATCH = 8  # configs/tiny.toml's batch_size (and grad_accum_steps 1)
 
 
 def cpu_matmul_gflops(size: int = 384, repeats: int = 4) -> float:
@@ -97,13 +98,24 @@ class Console:
             return
         log.warning(
             "this run is large for a CPU: each step needs %.3g GFLOP, at least %s at this "
-            "CPU's measured %.0f GFLOP/s, so %d steps take at least %s; for a try-out use "
-            "--config configs/tiny.toml, or run on a GPU node",
+            "CPU's measured %.0f GFLOP/s, so %d steps take at least %s; %s",
             self.flops_per_step / 1e9,
             duration(step_s),
             gflops,
             cfg.max_steps - self.start_step,
             duration(step_s * (cfg.max_steps - self.start_step)),
+            self.try_out_advice(),
+        )
+
+    def try_out_advice(self) -> str:
+        """What would make the step small: the batch, when it is larger than configs/tiny.toml's,
+        else the model (a run of tiny.toml, or as small a batch, is told so, not to use it)."""
+        cfg = self.cfg
+        if cfg.batch_size * cfg.grad_accum_steps > TRY_OUT_BATCH:
+            return "for a try-out use --config configs/tiny.toml, or run on a GPU node"
+        return (
+            f"the model ({self.spec.label(cfg)}) makes it so at batch_size {cfg.batch_size}: "
+            "for a try-out choose a smaller one, or run on a GPU node"
         )
 
     def first_loss(self, loss: float, chance: float | None) -> None:
