@@ -88,7 +88,12 @@ def test_compare_writes_into_the_first_run_and_leaves_out_nan_and_inf(
     monkeypatch.chdir(tmp_path)
     fake_run(tmp_path / "a", [2.0, 1.5, 1.0])
     diverged = {"kind": "train", "step": 5, "loss": 1.1, "tokens_per_s": 10.0, "time": math.inf}
-    fake_run(tmp_path / "b", [2.0, math.nan, math.inf, 1.2], diverged, {"kind": "eval", "step": 4, "eval_loss": math.inf})
+    fake_run(
+        tmp_path / "b",
+        [2.0, math.nan, math.inf, 1.2],
+        diverged,
+        {"kind": "eval", "step": 4, "eval_loss": math.inf},
+    )
     args = ["compare", "run_dir=a", "run_dir=b", f"run_dir={tmp_path / 'a'}/", "run_dir=./b"]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()

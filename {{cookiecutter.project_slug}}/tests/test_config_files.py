@@ -139,14 +139,18 @@ def test_a_wrong_model_table_is_one_line_naming_the_file(tmp_path, text, message
     ids=["flat", "dotted", "table"],
 )
 @pytest.mark.parametrize(
-    "own_spelling", ['preset = "gpt2-124m"\n', '[gpt]\npreset = "gpt2-124m"\n'], ids=["own", "own-table"]
+    "own_spelling",
+    ['preset = "gpt2-124m"\n', '[gpt]\npreset = "gpt2-124m"\n'],
+    ids=["own", "own-table"],
 )
 def test_a_files_own_key_beats_its_bases_in_any_spelling(tmp_path, base_spelling, own_spelling):
     """`extends` a file with `[gpt] preset = "tiny"` and say `preset = "gpt2-124m"`: the file's
     own key wins (it trained gpt:tiny, and config.toml's origins credited the extending file);
     the two files as two --config give the same."""
     base = write(tmp_path / "configs" / "tiny.toml", f"lr = 0.003\n{base_spelling}")
-    own = write(tmp_path / "configs" / "exp" / "big.toml", f'extends = "../tiny.toml"\n{own_spelling}')
+    own = write(
+        tmp_path / "configs" / "exp" / "big.toml", f'extends = "../tiny.toml"\n{own_spelling}'
+    )
     cfg, origins = load_config(own)
     assert cfg.gpt.preset == "gpt2-124m" and cfg.lr == 0.003
     assert origins == {"lr": str(base), "preset": str(own)}  # each value's own file
@@ -155,11 +159,11 @@ def test_a_files_own_key_beats_its_bases_in_any_spelling(tmp_path, base_spelling
 
 
 def test_the_repositorys_tiny_toml_extended_with_a_preset_trains_it(tmp_path):
-    own = write(tmp_path / "big.toml", f'extends = "{REPO / "configs" / "tiny.toml"}"\n')
-    own.write_text(own.read_text() + 'preset = "gpt2-124m"\n')
+    tiny = REPO / "configs" / "tiny.toml"
+    own = write(tmp_path / "big.toml", f'extends = "{tiny}"\npreset = "gpt2-124m"\n')
     cfg, origins = load_config(own)
     assert (cfg.gpt.preset, cfg.batch_size, origins["preset"]) == ("gpt2-124m", 8, str(own))
-    assert origins["batch_size"] == str(REPO / "configs" / "tiny.toml")
+    assert origins["batch_size"] == str(tiny)
 
 
 def test_one_source_giving_a_key_plainly_and_in_its_table_is_refused(tmp_path):
@@ -178,7 +182,10 @@ def test_one_source_giving_a_key_plainly_and_in_its_table_is_refused(tmp_path):
     assert load_config(same).config.gpt.preset == "tiny"
     assert load_config(None, ["preset=tiny", "preset=gpt2-124m"]).config.gpt.preset == "gpt2-124m"
     # a later source in either spelling overrides an earlier one in the other
-    assert load_config(both.with_name("same.toml"), ["gpt.preset=gpt2-350m"]).config.gpt.preset == "gpt2-350m"
+    assert (
+        load_config(both.with_name("same.toml"), ["gpt.preset=gpt2-350m"]).config.gpt.preset
+        == "gpt2-350m"
+    )
 
 
 def test_vocab_size_is_not_recorded_for_a_model_that_does_not_read_it(tmp_path, caplog):

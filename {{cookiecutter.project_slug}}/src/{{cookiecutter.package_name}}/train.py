@@ -22,7 +22,7 @@ from .config.resume import check_resume, check_run_dir_config
 from .config.settings import Config, ConfigError, config_record, save_config
 from .data import batches as data
 from .data.info import Splits
-from .data.kinds import open_splits
+from .data.kinds import open_splits, verify_files
 from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
 from .models import spec_of
@@ -282,6 +282,7 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource |
     """Load the newest good checkpoint into the run, refusing one from a different run; a new
     run loads its `initial` weights (checkpoint.initial.open_initial) instead."""
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
+    verify_files(run.source, run.env.rank, run.env.world_size)  # every shard, read in full
     check_unchanged(run.cfg, run.env)
     step = ckpt.load_latest()
     if step is None and initial is not None:
@@ -324,8 +325,7 @@ def open_checkpoints(
     """The run's checkpoints with the newest good one loaded (or a new run's initial weights),
     and the run recorded in them and in config.toml (with where its values came from:
     `origins`, load_config's)."""
-    cfg, env = run.cfg, run.env
-    run_dir = RunDir(cfg.run_dir)
+    cfg, env, run_dir = run.cfg, run.env, RunDir(run.cfg.run_dir)
     ckpt = checkpoint.CheckpointManager(
         run_dir.checkpoints,
         run.checkpoint_parts(),

@@ -54,6 +54,8 @@ class Splits:
         random positions); `eval_batches(batch_size, rank, world, max_batches)` then gives its
         validation batches.
     nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
+    files: the dataset's files by path, each with the sha256 make-dataset recorded for it: a
+        training start reads them in full, every rank its share (kinds.verify_files).
     """
 
     train: Dataset | None
@@ -65,6 +67,7 @@ class Splits:
     eval_batches: Callable[[int, int, int, int], list] | None = None
     nbytes: int = 0
     to: Callable[[Any], None] | None = None
+    files: dict[Path, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -399,18 +399,18 @@ def record_samples(directory: Path, files: list[dict], itemsize: int) -> None:
 
 def fingerprint(directory: Path, index: dict) -> str:
     """sha256 over the format, dtype and vocab size (and the tokenizer file's hash, if any), then
-    every shard (train, then val) as a line "<split> <name> <tokens>" followed by the shard's
-    bytes. Equal fingerprints mean equal training data; it is computed from the files on disk."""
+    a line "<split> <name> <tokens> <sha256>" per shard (train, then val), each shard's whole-file
+    sha256 recorded in its entry as it is read (a training start compares every shard with it,
+    `TokenDataset.verify`). Equal fingerprints mean equal training data; it is computed from the
+    files on disk."""
     header = f"{FORMAT} {index['dtype']} vocab_size={index['vocab_size']}\n"
     if index.get("tokenizer_file"):
         header += f"tokenizer {index['tokenizer_file']['sha256']}\n"
     digest = hashlib.sha256(header.encode())
     for split in ("train", "val"):
         for entry in index[split]["files"]:
-            digest.update(f"{split} {entry['name']} {entry['tokens']}\n".encode())
-            with open(Path(directory) / entry["name"], "rb") as f:
-                while block := f.read(1 << 24):
-                    digest.update(block)
+            entry["sha256"] = file_sha256(Path(directory) / entry["name"])
+            digest.update(f"{split} {entry['name']} {entry['tokens']} {entry['sha256']}\n".encode())
     return "sha256:" + digest.hexdigest()
 
 

@@ -3,8 +3,9 @@
 A dataset directory (written by `python -m <pkg> make-dataset`: `shards.py`, `hf_datasets.py`):
 
     index.json                            format, dtype, vocab_size, tokenizer, fingerprint, and
-                                          each shard's token count, largest id and the sha256 of
-                                          a few sampled blocks (checked at every open)
+                                          each shard's token count, largest id, sha256 (checked
+                                          at every training start) and the sha256 of a few
+                                          sampled blocks (checked at every open)
     train-00000.bin, train-00001.bin ...  raw little-endian tokens, 2**28 per shard: uint16 for
                                           vocabularies up to 65,536, uint32 above
     val-00000.bin ...                     the last `val_fraction` of the token stream
@@ -47,9 +48,10 @@ GPT2_VOCAB = 50257  # their vocabulary when vocab_size is 0
 MIN_VAL_TOKENS = 1025  # at least one window of block_size 1024 (+1 for the shifted targets)
 CHUNK_TOKENS = 2**24  # bounded memory when copying or scanning large token files
 # A shard rewritten after make-dataset (same size, other tokens) would resume a run on other data
-# under the same fingerprint. Hashing every shard at every start costs a full read; instead
-# make-dataset records the sha256 of SAMPLE_BLOCKS blocks spread over the whole dataset (at least
-# one per shard) and every open reads them again: about 1 MiB, whatever the dataset's size.
+# under the same fingerprint. Every open (evaluate, generate, each rank of a run) reads the sha256
+# of SAMPLE_BLOCKS blocks spread over the whole dataset (at least one per shard) again: about
+# 1 MiB, whatever the dataset's size. A training start also hashes every shard in full, split
+# over the ranks (`kinds.verify_files`): a change the samples miss is found there.
 SAMPLE_BLOCKS = 64
 SAMPLE_BYTES = 16 * 1024
 
@@ -129,12 +131,12 @@ def read_index(directory: Path) -> dict:
         for split in ("train", "val"):
             for entry in index[split]["files"]:
                 str(entry["name"]), int(entry["tokens"]), int(entry["max_id"])
-                if "sample_sha256" not in entry:
+                if "sample_sha256" not in entry or "sha256" not in entry:
                     raise DatasetError(
                         f"{path}: records no sample hashes for {entry['name']} (written by an "
                         "earlier make-dataset); write the dataset again"
                     )
-                int(entry["sampled_blocks"]), str(entry["sample_sha256"])
+                int(entry["sampled_blocks"]), str(entry["sample_sha256"]), str(entry["sha256"])
         vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
@@ -158,10 +160,12 @@ class TokenDataset:
         fingerprint: str,
         tokenizer: str,
         tokenizer_file: Path | None = None,
+        digests: dict[Path, str] | None = None,
     ):
         self.train, self.val = train, val
         self.vocab_size, self.fingerprint, self.tokenizer = vocab_size, fingerprint, tokenizer
         self.tokenizer_file = tokenizer_file
+        self.digests = digests or {}  # each shard's sha256 as make-dataset wrote it, by path
         self.train_tokens = sum(len(s) for s in train)
         self.val_tokens = sum(len(s) for s in val)
 
@@ -190,6 +194,11 @@ class TokenDataset:
         tokenizer_file = None
         if index.get("tokenizer_file"):
             tokenizer_file = directory / str(index["tokenizer_file"].get("name", "tokenizer.json"))
+        digests = {
+            directory / entry["name"]: entry["sha256"]
+            for split in ("train", "val")
+            for entry in index[split]["files"]
+        }
         return cls(
             splits["train"],
             splits["val"],
@@ -197,6 +206,7 @@ class TokenDataset:
             index["fingerprint"],
             index.get("tokenizer", "external"),
             tokenizer_file,
+            digests,
         )
 
     @classmethod
@@ -411,6 +421,7 @@ def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
         eval_batches=lambda batch_size, rank, world, max_batches: dataset.val_batches(
             batch_size, block, rank, world, max_batches
         ),
+        files=dataset.digests,
     )
 
 
