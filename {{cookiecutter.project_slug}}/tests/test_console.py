@@ -84,6 +84,21 @@ def test_the_real_cpu_measurement_is_positive():
     assert console.cpu_matmul_gflops(size=64, repeats=2) > 0
 
 
+def test_a_finished_run_started_again_says_there_is_nothing_to_train(caplog):
+    """It said "training finished at step 300, 0 steps in 0.0 s, 0 tokens/s overall; no
+    evaluation (eval_every=0 or no eval step reached)" of a run that had evaluated."""
+    caplog.set_level(logging.INFO)
+    report = console.Console(Config(), True, torch.device("cpu"), 1e6, 1024, 300)
+    report.start(4800)
+    line = report.summary(300, 4800, "runs/default/checkpoints/step-00000300")
+    assert line == (
+        "nothing to train: the run in runs/default already finished at step 300 "
+        "(max_steps=300); its evaluations are in its metrics.jsonl; checkpoint "
+        "runs/default/checkpoints/step-00000300"
+    )
+    assert messages(caplog) == [line]  # no "training ... from step 300 to step 300" line
+
+
 def test_summary_of_a_stopped_run_and_of_a_run_without_evaluation():
     report = console.Console(Config(model="mlp"), True, torch.device("cpu"), 1.0, 1, 10)
     report.start(160)

@@ -79,6 +79,8 @@ class Console:
         if not self.is_main:
             return
         cfg = self.cfg
+        if self.start_step >= cfg.max_steps:  # a finished run started again: say so, once
+            return
         what = f"{self.spec.task.name} {self.spec.label(cfg)}"
         begin = f"from step {self.start_step} " if self.start_step else ""
         log.info(
@@ -153,6 +155,19 @@ class Console:
 
     def summary(self, step: int, samples_seen: int, checkpoint, stopped: str = "") -> str:
         """The closing line: steps, best and last eval loss, time, throughput, checkpoint."""
+        if not stopped and self.start_step >= self.cfg.max_steps:  # a finished run, again
+            line = (
+                f"nothing to train: the run in {self.cfg.run_dir} already finished at step "
+                f"{step} (max_steps={self.cfg.max_steps}); its evaluations are in its "
+                f"metrics.jsonl; checkpoint {checkpoint}"
+            )
+        else:
+            line = self.trained(step, samples_seen, checkpoint, stopped)
+        if self.is_main:
+            log.info("%s", line)
+        return line
+
+    def trained(self, step: int, samples_seen: int, checkpoint, stopped: str) -> str:
         elapsed = time.perf_counter() - self.started
         done = (samples_seen - (self.start_samples or 0)) * self.units_per_sample
         if self.evals:
@@ -168,14 +183,11 @@ class Console:
             if stopped
             else f"training finished at step {step}"
         )
-        line = (
+        return (
             f"{head}, {step - self.start_step} steps in {duration(elapsed)}, "
             f"{done / max(elapsed, 1e-9):.0f} {self.unit}/s overall; {evals}; "
             f"checkpoint {checkpoint}"
         )
-        if self.is_main:
-            log.info("%s", line)
-        return line
 
 
 # How the evaluation line shows a task's figures; one a task of yours adds shows as name value.
