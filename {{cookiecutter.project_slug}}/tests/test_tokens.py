@@ -13,6 +13,8 @@ import torch
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import shards, tokens
+from {{ cookiecutter.package_name }}.data.info import DataInfo, Splits
+from {{ cookiecutter.package_name }}.data.kinds import verify_files
 from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset
 
 
@@ -366,6 +368,23 @@ def test_shards_changed_where_the_samples_do_not_look_stop_a_training_start(
     (line,) = [line for line in err.splitlines() if "error" in line]
     assert f"{shard}: changed since make-dataset wrote it (its sha256 differs" in line
     assert "Traceback" not in err and not list((tmp_path / "run").glob("checkpoints/step-*"))
+
+
+def test_each_rank_hashes_its_share_of_the_shards(tmp_path):
+    """Rank r of w hashes the r-th, (r+w)-th, ... file: the work is split, and the rank whose
+    share holds the changed file names it (every rank then stops with its line, all_gather)."""
+    files = {}
+    for i in range(3):
+        (tmp_path / f"train-{i}.bin").write_bytes(bytes([i]) * 1000)
+        files[tmp_path / f"train-{i}.bin"] = tokens.file_sha256(tmp_path / f"train-{i}.bin")
+    (tmp_path / "train-1.bin").write_bytes(bytes([9]) * 1000)
+    source = Splits(None, None, DataInfo("tokens", "sha256:x"), files=files)
+    verify_files(source, 0, 2)  # files 0 and 2: unchanged
+    with pytest.raises(DatasetError, match=r"train-1.bin: changed since make-dataset wrote it"):
+        verify_files(source, 1, 2)
+    (tmp_path / "train-2.bin").unlink()
+    with pytest.raises(DatasetError, match=r"train-2.bin: cannot read: No such file"):
+        verify_files(source, 0, 2)
 
 
 def test_the_sampled_blocks_cost_the_same_for_any_dataset_size(tmp_path):
