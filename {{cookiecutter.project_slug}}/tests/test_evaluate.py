@@ -22,10 +22,12 @@ from conftest import (
     TINY,
     TINY_MLP,
     clean_env,
+    one_line,
     two_ranks,
     validation_windows,
 )
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config_keys import read_toml
 
 ARGS = ["max_steps=6", "checkpoint_every=6", "eval_every=6", "eval_batches=2", "dropout=0.0"]
@@ -41,6 +43,13 @@ def run(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.Com
         text=True,
         timeout=TIMEOUT_S,
     )
+
+
+def evaluated(capsys, *args: str) -> dict:
+    """evaluate's JSON line, on one rank in this process."""
+    capsys.readouterr()
+    assert main(["evaluate", *args]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def tree(path) -> dict:
@@ -86,7 +95,7 @@ def test_the_newest_checkpoint_on_its_own_validation_split(trained):
     assert tree(trained) == before  # nothing written
 
 
-def test_one_and_two_ranks_score_the_whole_split_alike(trained, token_data):
+def test_one_and_two_ranks_score_the_whole_split_alike(trained, token_data, single_process, capsys):
     """Without eval_batches: the whole validation split, its tail included (1,499 targets: 46
     windows of 32 and one aligned to the end for the last 27), the same tokens and the same loss
     on 1 and 2 ranks; run from another directory than the run's, whose config.toml records
@@ -94,11 +103,10 @@ def test_one_and_two_ranks_score_the_whole_split_alike(trained, token_data):
     recorded = read_toml(trained / "config.toml")["dataset"]
     assert Path(recorded).is_absolute() and Path(recorded).resolve() == token_data.resolve()
     args = ["evaluate", f"run_dir={trained}", "device=cpu"]
-    one = run(*args)
-    assert one.returncode == 0, one.stderr[-2000:]
+    a = evaluated(capsys, *args[1:])
     (first, out, err), (second, out1, _) = two_ranks([args, args])
     assert [first.returncode, second.returncode] == [0, 0], err[-2000:]
-    a, b = json.loads(one.stdout), json.loads(out)
+    b = json.loads(out)
     assert (a["ranks"], b["ranks"], b["step"], out1) == (1, 2, 6, "")  # rank 0 prints
     assert a["scored_tokens"] == b["scored_tokens"] == b["scoreable_tokens"] == VAL_TOKENS - 1
     assert a["split"] == "val" and "the last aligned to the shard's end" in a["scheme"]
@@ -125,23 +133,24 @@ def test_a_directory_without_a_run_is_one_line(tmp_path):
     assert done.returncode == 2 and "no config.toml" in done.stderr.strip().splitlines()[-1]
 
 
-def test_a_classifier_scores_every_sample_on_one_and_two_ranks(tmp_path):
+def test_a_classifier_scores_every_sample_on_one_and_two_ranks(tmp_path, single_process, capsys):
     """201 validation samples: none left out on 2 ranks (one rank has one more, the other runs
     one batch more that is not counted), the same loss and accuracy as on 1 rank."""
     run_dir = tmp_path / "mlp"
     assert run(*TINY_MLP, f"run_dir={run_dir}", *ARGS, "eval_samples=201").returncode == 0
     args = ["evaluate", f"run_dir={run_dir}", "device=cpu", "batch_size=100"]
-    one = run(*args)
-    assert one.returncode == 0, one.stderr[-2000:]
+    a = evaluated(capsys, *args[1:])
     (first, out, err), _ = two_ranks([args, args])
     assert first.returncode == 0, err[-2000:]
-    a, b = json.loads(one.stdout), json.loads(out)
+    b = json.loads(out)
     assert {"eval_loss", "eval_acc"} <= a.keys() and "perplexity" not in a
     assert a["scored_samples"] == b["scored_samples"] == b["scoreable_samples"] == 201
     assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == pytest.approx(a["eval_loss"])
 
 
-def test_a_hugging_face_directory_as_it_is_scores_as_in_transformers(token_data, tmp_path):
+def test_a_hugging_face_directory_as_it_is_scores_as_in_transformers(
+    token_data, tmp_path, single_process, capsys
+):
     """The baseline of a fine-tuning run: a Llama directory's own weights on the dataset, on 1
     and 2 ranks, equal to transformers' loss on the same windows of the last 1,500 tokens."""
     transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
@@ -157,11 +166,10 @@ def test_a_hugging_face_directory_as_it_is_scores_as_in_transformers(token_data,
     model.save_pretrained(tmp_path / "llama")
     args = ["evaluate", f"hf_model={tmp_path / 'llama'}", f"dataset={token_data}",
             "hf_context_length=32", "device=cpu"]  # fmt: skip
-    one = run(*args)
-    assert one.returncode == 0, one.stderr[-2000:]
+    a = evaluated(capsys, *args[1:])
     (first, out, err), _ = two_ranks([args, args])
     assert first.returncode == 0, err[-2000:]
-    a, b = json.loads(one.stdout), json.loads(out)
+    b = json.loads(out)
     assert a["hf_model"] == str(tmp_path / "llama") and "step" not in a
     assert a["scored_tokens"] == b["scored_tokens"] == VAL_TOKENS - 1
     ids = np.load(token_data.parent / "ids.npy")[-VAL_TOKENS:]
@@ -172,23 +180,22 @@ def test_a_hugging_face_directory_as_it_is_scores_as_in_transformers(token_data,
     assert b["eval_loss"] == pytest.approx(expected, rel=1e-5)
 
 
-def test_the_validation_split_prints_as_text(tmp_path):
+def test_the_validation_split_prints_as_text(tmp_path, single_process, capsys):
     """The last 1,025 bytes of the token stream (the text, then the 0 that ends its document),
     decoded as the bytes they are (a character cut by the split's start is U+FFFD)."""
     text = "".join(f"Zeile {i}: Grüße aus den Alpen\n" for i in range(200))
     (tmp_path / "a.txt").write_text(text)
-    made = run("make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(tmp_path / "data"))
-    assert made.returncode == 0, made.stderr[-2000:]
-    done = run("evaluate", f"dataset={tmp_path / 'data'}", "--print-split")
-    assert done.returncode == 0, done.stderr[-2000:]
+    data = tmp_path / "data"
+    assert main(["make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(data)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", f"dataset={data}", "--print-split"]) == 0
     stream = text.encode() + b"\0"
-    assert done.stdout == stream[-1025:].decode("utf-8", errors="replace") + "\n"
+    assert capsys.readouterr().out == stream[-1025:].decode("utf-8", errors="replace") + "\n"
 
 
-def test_hf_model_without_a_dataset_is_one_line(tmp_path):
-    done = run("evaluate", f"hf_model={tmp_path}")
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "evaluate hf_model=DIR needs dataset=D" in done.stderr.strip().splitlines()[-1]
+def test_hf_model_without_a_dataset_is_one_line(tmp_path, single_process, capsys):
+    assert main(["evaluate", f"hf_model={tmp_path}"]) == 2
+    assert "evaluate hf_model=DIR needs dataset=D" in one_line(capsys)
 
 
 def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path):
