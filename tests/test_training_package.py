@@ -67,6 +67,7 @@ def test_package_layout(repo, package):
             "sources",
             "tokenizer",
             "tokens",
+            "windows",
         },
         "doctor": {"__init__", "checks", "nodes", "preflight", "vision"},
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "mlp", "vision"},

@@ -273,3 +273,23 @@ def single_process(monkeypatch):
             monkeypatch.delenv(key)
     yield
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def validation_windows(ids, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows `evaluate` scores on a one-shard validation split `ids`, written out here
+    independently of the package: block + 1 tokens every block tokens, and a last one aligned
+    to the end whose tokens scored before are -100 (ignored) in its labels. (windows, labels)
+    as transformers takes them (`labels=` is shifted inside): every token after the first is a
+    target once."""
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    starts = list(range(0, len(ids) - block, block))
+    rows = [ids[s : s + block + 1] for s in starts]
+    labels = [row.clone() for row in rows]
+    covered = starts[-1] + block  # the last position scored by the windows so far
+    if covered < len(ids) - 1:
+        tail = ids[-block - 1 :]
+        label = tail.clone()
+        label[: covered - (len(ids) - block - 1) + 1] = -100
+        rows.append(tail)
+        labels.append(label)
+    return torch.stack(rows), torch.stack(labels)

@@ -84,6 +84,34 @@ def test_eval_set_is_the_held_out_tail_split_over_ranks():
     assert len(rows[0]) + len(rows[1]) == 20 and not rows[0] & rows[1]
 
 
+class Numbered(torch.utils.data.Dataset):
+    """Sample i is (i, i), read one by one and collated, as images are."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        return torch.tensor(float(index)), index
+
+
+def test_every_validation_sample_is_scored_once_on_any_number_of_ranks():
+    """7 samples, batches of 2: on 1, 2, 3 and 8 ranks each sample once (none left out when
+    the ranks do not divide them), and every rank as many batches (the extra ones not scored);
+    eval_batches=1 scores the same 2 samples on any number of ranks."""
+    source = data.Splits(train=None, val=Numbered(7), info=None)
+    for world, cap in [(1, None), (2, None), (3, None), (8, None), (1, 1), (3, 1)]:
+        sets = [data.eval_batches(source, 2, rank, world, cap) for rank in range(world)]
+        assert len({len(s.chunks) for s in sets}) == 1
+        scored = sorted(
+            i for s in sets for k, (_, y) in enumerate(s) if k < s.scored for i in y.tolist()
+        )
+        assert scored == ([0, 6] if cap else list(range(7))), world
+        assert sets[0].scoreable == 7
+
+
 def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     out = tmp_path / "ds"
     argv = ["make-dataset", "--out", str(out), "--samples", "300", "--features", "5"]

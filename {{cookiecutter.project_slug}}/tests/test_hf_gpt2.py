@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
-from conftest import TINY
+import torch.nn.functional as F
+from conftest import TINY, validation_windows
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 pytest.importorskip("safetensors", reason="needs the [hf] extra")
@@ -19,6 +21,10 @@ from {{ cookiecutter.package_name }}.checkpoint.export_hf import export_hf  # no
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config.settings import saved_config  # noqa: E402
 from {{ cookiecutter.package_name }}.data.info import saved_data_info  # noqa: E402
+from {{ cookiecutter.package_name }}.data.tokens import (  # noqa: E402
+    SYNTHETIC_TOKENS,
+    TokenDataset,
+)
 from {{ cookiecutter.package_name }}.models import spec_of  # noqa: E402
 
 GPT2 = ["bias=true", "gelu=tanh"]  # GPT-2's architecture options
@@ -54,6 +60,48 @@ def hf_logits(path, ids):
         return model(ids).logits
 
 
+def evaluated(args: list[str], capsys) -> dict:
+    """`evaluate`'s JSON line, run in this process."""
+    capsys.readouterr()
+    assert main(["evaluate", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def transformers_loss(model, ids, block: int) -> float:
+    """transformers' logits on the windows evaluate scores (`validation_windows`), their mean
+    cross entropy (by hand: a GPT-2 of n_positions=block cannot read block + 1 tokens)."""
+    windows, labels = validation_windows(ids, block)
+    with torch.no_grad():
+        logits = model.eval()(windows[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten()).item()
+
+
+def test_padding_rows_never_enter_the_loss(tmp_path, single_process, capsys):
+    """A GPT-2 of 500 ids whose logits are all strongly negative (as OpenAI's GPT-2's are): the
+    GPT pads its embedding to 512 rows, zeros past GPT-2's; logits of 0 for those 12 rows
+    would dominate the softmax (the issue's 39.04 against transformers' 7.84). The package's
+    evaluate gives transformers' loss on the same windows."""
+    original = tiny_gpt2(tmp_path / "gpt2", vocab_size=500)
+    direction = torch.nn.functional.normalize(torch.randn(32), dim=0)
+    with torch.no_grad():  # every logit about -9: the final hidden state opposes every row
+        original.transformer.wte.weight += 3.0 * direction
+        original.transformer.ln_f.weight.fill_(0.1)
+        original.transformer.ln_f.bias.copy_(-3.0 * direction)
+    original.save_pretrained(tmp_path / "gpt2")
+    ids = torch.randint(0, 500, (1, 32), generator=torch.Generator().manual_seed(0))
+    assert original(ids).logits.max() < -2
+    run = tmp_path / "run"
+    args = [*TINY, *GPT2, *SHORT, *UNCHANGED, "vocab_size=500", f"run_dir={run}",
+            f"init_from={tmp_path / 'gpt2'}"]  # fmt: skip
+    assert main(args) == 0
+    result = evaluated([f"run_dir={run}", "device=cpu"], capsys)
+    seed = saved_config(load_model_state(run)[0]).seed
+    val = TokenDataset.synthetic(500, SYNTHETIC_TOKENS, seed).val[0]
+    assert result["scored_tokens"] == len(val) - 1
+    expected = transformers_loss(original, val, 32)
+    assert result["eval_loss"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_gpt2_weights_start_a_run_and_leave_as_gpt2(tmp_path, single_process):
     original = tiny_gpt2(tmp_path / "gpt2")
     run = tmp_path / "run"
@@ -69,9 +117,14 @@ def test_gpt2_weights_start_a_run_and_leave_as_gpt2(tmp_path, single_process):
     torch.testing.assert_close(hf_logits(tmp_path / "out", ids), expected, rtol=0, atol=1e-4)
 
 
-def test_a_gpt_of_its_own_exports_with_its_tokenizer_and_in_shards(tmp_path, single_process):
+def test_a_gpt_of_its_own_exports_with_its_tokenizer_and_in_shards(
+    tmp_path, single_process, capsys
+):
     """A GPT trained from scratch (no biases, exact GELU) on a BPE dataset: transformers loads
-    the export (zero biases, gelu), its logits are the package's, its tokenizer the dataset's."""
+    the export (zero biases, gelu), its logits are the package's, its tokenizer the dataset's,
+    and evaluate's loss is transformers' on the export (its vocabulary of under 300 ids is
+    padded to 320 rows in the GPT: the padding rows enter no softmax). A dataset made with
+    another tokenizer of the same size (two ids swapped) is refused by evaluate."""
     pytest.importorskip("datasets", reason="needs the [data] extra")
     tokenizers = pytest.importorskip("tokenizers", reason="needs the [data] extra")
     words = "alps node train token shard model batch step lustre cluster".split()
@@ -101,6 +154,23 @@ def test_a_gpt_of_its_own_exports_with_its_tokenizer_and_in_shards(tmp_path, sin
     text = "alps node train token"
     loaded = transformers.AutoTokenizer.from_pretrained(out)
     assert loaded(text)["input_ids"] == tokenizers.Tokenizer.from_file(str(tok)).encode(text).ids
+    result = evaluated([f"run_dir={run}", "device=cpu"], capsys)
+    val = np.concatenate([np.asarray(shard) for shard in TokenDataset.open(data).val])
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert result["eval_loss"] == pytest.approx(transformers_loss(exported, val, 32), rel=1e-5)
+
+    swapped = json.loads(tok.read_text())  # the same size, two ids exchanged
+    vocab = swapped["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[-2:]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (tmp_path / "swapped.json").write_text(json.dumps(swapped))
+    other = tmp_path / "other"
+    assert main(["make-dataset", "--hf", str(tmp_path / "docs.jsonl"), "--tokenizer",
+                 str(tmp_path / "swapped.json"), "--out", str(other)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["evaluate", f"run_dir={run}", f"dataset={other}", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "trained on data made with the tokenizer sha256:" in err
 
 
 @pytest.mark.parametrize("case", ["gelu", "bias", "layers", "vocab", "truncated", "no_weights"])

@@ -6,14 +6,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data import shards, tokens
-from {{ cookiecutter.package_name }}.data.info import DataInfo, Splits
+from {{ cookiecutter.package_name }}.data import batches, shards, tokens
+from {{ cookiecutter.package_name }}.data.info import IGNORED, DataInfo, Splits
 from {{ cookiecutter.package_name }}.data.kinds import verify_files
 from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset
 
@@ -498,28 +499,41 @@ def test_targets_are_the_inputs_shifted_by_one_and_windows_stay_in_a_shard(tmp_p
     assert torch.equal(x, expected) and torch.equal(y, x + 1)
 
 
-def test_validation_batches_are_fixed_and_disjoint_across_ranks(tmp_path):
+def scored_targets(split, batch_size: int, world: int, max_batches=None) -> list[list[int]]:
+    """Each rank's scored targets (token i is i: its position), checking every batch."""
+    sets = [batches.eval_batches(split, batch_size, r, world, max_batches) for r in range(world)]
+    assert len({len(s.chunks) for s in sets}) == 1  # as many forward passes on every rank
+    per_rank = []
+    for eval_set in sets:
+        targets = []
+        for index, (x, y) in enumerate(eval_set):
+            scored = y != IGNORED
+            assert torch.equal(y[scored], (x + 1)[scored])  # the next token, scored or not
+            if index < eval_set.scored:  # the rest only keep the ranks in step
+                targets += y[scored].tolist()
+        per_rank.append(targets)
+    return per_rank
+
+
+def test_validation_windows_score_every_token_once_on_any_number_of_ranks(tmp_path):
     data = counting_dataset(tmp_path, shard_tokens=1000)  # val: the last 2000 tokens, 2 shards
-    # Windows of 97 tokens every 96: 10 per val shard, 20 in all; 6 per rank on 3 ranks.
-    per_rank = [data.val_batches(4, 96, rank, 3, max_batches=100) for rank in range(3)]
-    assert [[len(x) for x, _ in batches] for batches in per_rank] == [[4, 2]] * 3
-    targets = [torch.cat([y.flatten() for _, y in batches]).tolist() for batches in per_rank]
-    assert all(len(set(t)) == len(t) == 6 * 96 for t in targets)  # no token predicted twice
-    assert not set(targets[0]) & set(targets[1]) and not set(targets[1]) & set(targets[2])
-    assert not set(targets[0]) & set(targets[2])
-    for batches in per_rank:
-        for x, y in batches:
-            assert torch.equal(y, x + 1)
-            assert torch.equal((x[:, 0] - 28000) // 1000, (y[:, -1] - 28000) // 1000)
-    again = data.val_batches(4, 96, 1, 3, max_batches=100)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(per_rank[1], again, strict=True))
-    assert len(data.val_batches(4, 96, 0, 3, max_batches=1)) == 1
-    # On 2 ranks all 20 windows are used: every val token after each shard's first is a target.
-    both = [y for rank in (0, 1) for _, y in data.val_batches(4, 96, rank, 2, max_batches=100)]
-    covered = sorted(torch.cat([y.flatten() for y in both]).tolist())
-    assert covered == [*range(28001, 28961), *range(29001, 29961)]
-    with pytest.raises(DatasetError, match="fewer than one per rank"):
-        data.val_batches(4, 1500, 0, 2, max_batches=10)
+    split = tokens.token_splits(data, None, SimpleNamespace(context_length=lambda cfg: 96))
+    # Windows of 97 tokens every 96: 10 per val shard, scoring its tokens 1 to 960, and one
+    # aligned to its end for the last 39: 22 in all. A shard's first token has no context.
+    assert len(split.val) == 22 and split.val.scoreable == 2 * 999
+    every = [*range(28001, 29000), *range(29001, 30000)]
+    for world in (1, 2, 3):
+        per_rank = scored_targets(split, 4, world)
+        assert sorted(t for targets in per_rank for t in targets) == every  # each once
+    assert scored_targets(split, 4, 3) == scored_targets(split, 4, 3)  # fixed
+    # eval_batches=2: 8 of the 22 windows, spread evenly, the same on 1 and 3 ranks
+    sample = scored_targets(split, 4, 1, max_batches=2)[0]
+    assert sorted(sum(scored_targets(split, 4, 3, max_batches=2), [])) == sorted(sample)
+    assert min(sample) < 28100 and max(sample) == 29999
+    # a shard shorter than a window is one window, its padding not scored
+    long = tokens.token_splits(data, None, SimpleNamespace(context_length=lambda cfg: 1500))
+    assert len(long.val) == 2
+    assert sorted(sum(scored_targets(long, 1, 2), [])) == every
 
 
 def test_synthetic_tokens(tmp_path):

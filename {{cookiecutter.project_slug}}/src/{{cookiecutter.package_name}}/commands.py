@@ -242,14 +242,19 @@ def add_evaluate(cmd: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="key=value",
-        help="run_dir=DIR (required); dataset=, eval_batches=, batch_size=, device=",
+        help="run_dir=DIR or hf_model=DIR dataset=D; dataset=, eval_batches=, batch_size=, device=",
+    )
+    cmd.add_argument(
+        "--print-split",
+        action="store_true",
+        help="print the validation split of dataset=D (or run_dir's) as text, evaluate nothing",
     )
 
 
 def evaluate(args: argparse.Namespace) -> int:
     from .evaluate import main
 
-    return main(args.overrides)
+    return main(args.overrides, args.print_split)
 
 
 def add_export(cmd: argparse.ArgumentParser) -> None:
@@ -357,7 +362,7 @@ COMMANDS = {
         Command("generate", "sample text from a run's newest checkpoint", add_generate, generate),
         Command(
             "evaluate",
-            "loss, bits per token and perplexity of a run's newest checkpoint (JSON)",
+            "loss, bits per token and perplexity of a run or a Hugging Face dir (JSON)",
             add_evaluate,
             evaluate,
         ),

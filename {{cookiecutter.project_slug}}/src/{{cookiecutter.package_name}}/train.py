@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
 import random
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -175,19 +177,14 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(run: Run, eval_set: list) -> dict:
-    """The task's held-out figures: each rank scores its share; the sums are added once."""
+def evaluate(run: Run, eval_set: data.EvalSet) -> dict[str, float]:
+    """The task's sums (loss, count, ...) over every rank's held-out samples (`EvalSet.sums`):
+    the task's `report` makes its figures of them."""
     run.model.eval()
-    sums: dict[str, torch.Tensor] = {}
-    for batch in eval_set:
-        batch = data.map_tensors(lambda t: t.to(run.device, non_blocking=True), batch)
-        with run.autocast():
-            scores = run.spec.task.scores(run.model, batch)
-        sums = {name: sums.get(name, 0) + value.float() for name, value in scores.items()}
+    score = functools.partial(run.spec.task.scores, run.model)
+    sums = eval_set.sums(score, run.device, run.autocast)
     run.model.train()
-    names = sorted(sums)  # the same on every rank: the same task, the same number of batches
-    totals = distributed.all_reduce(torch.stack([sums[name] for name in names]))
-    return run.spec.task.report(dict(zip(names, totals.tolist(), strict=True)))
+    return sums
 
 
 def main_rank() -> bool:
@@ -335,9 +332,12 @@ def open_checkpoints(
         timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
     resume(run, ckpt, initial)
+    # the dataset recorded as an absolute path: evaluate and generate find it from any directory
+    where = cfg.dataset if cfg.dataset == "synthetic" else os.path.abspath(cfg.dataset)
+    recorded = dataclasses.replace(cfg, dataset=where)
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
-        config=config_record(cfg) | {"data_info": dataclasses.asdict(run.source.info)},
+        config=config_record(recorded) | {"data_info": dataclasses.asdict(run.source.info)},
         world_size=env.world_size,
         data_fingerprint=run.source.info.fingerprint,
         git_commit=checkpoint.git_commit(),
@@ -345,7 +345,7 @@ def open_checkpoints(
     )
     if env.is_main:
         with reported(f"cannot write {run_dir.config}"):
-            save_config(cfg, run_dir.config, origins)
+            save_config(recorded, run_dir.config, origins)
     return ckpt
 
 
@@ -378,7 +378,7 @@ def run_training(
     start = run.state.step
     eval_set = data.eval_batches(
         run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
-    )
+    ).keep()
     batches, inputs = input_pipeline(run, cfg.max_steps)
     schedule = preemption.CheckpointSchedule(cfg.checkpoint_every, cfg.mtbf_hours)
     policy = preemption.StopPolicy(
@@ -415,7 +415,7 @@ def run_training(
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
             if cfg.eval_every and step % cfg.eval_every == 0:
-                result = evaluate(run, eval_set)
+                result = run.spec.task.report(evaluate(run, eval_set))
                 meter.write({"kind": "eval", "step": step, **result})
                 report.evaluated(step, result, run.state.samples_seen)
                 meter.restart_clock()

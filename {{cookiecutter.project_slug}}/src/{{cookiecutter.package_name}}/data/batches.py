@@ -20,7 +20,7 @@ import hashlib
 import os
 import random
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .. import distributed
 from ..config_keys import AUTO, key
 from ..run.preemption import SIGNALS
 from .info import Splits
@@ -128,22 +129,78 @@ def read_samples(split: Dataset, indices: np.ndarray, epochs: np.ndarray, seed: 
     return collate(samples)
 
 
-def eval_batches(data: Splits, batch_size: int, rank: int, world: int, max_batches: int) -> list:
-    """Fixed validation batches for this rank: sample k goes to rank k % world, and every rank
-    gets the same number of samples (the last < world samples are left out), so all ranks run
-    the same number of forward passes (FSDP needs that)."""
-    if data.eval_batches is not None:
-        return data.eval_batches(batch_size, rank, world, max_batches)
-    assert data.val is not None
-    if len(data.val) < world:
-        raise DatasetError(
-            f"the validation split has {len(data.val)} samples, fewer than one per rank "
-            f"({world} ranks)"
+@dataclass
+class EvalSet:
+    """One rank's share of the validation split, read batch by batch as it is scored (or once,
+    `keep`). Its first `scored` batches are the rank's samples; any after them repeat one batch
+    only so that every rank runs as many forward passes as the others (FSDP's collectives need
+    that) and are not counted. `scoreable`: what the whole split holds in the task's count (its
+    samples, or what the split says: the target tokens of token windows); `scheme`: which
+    samples are scored, in words."""
+
+    split: Dataset
+    collate: Callable
+    chunks: list[np.ndarray]  # the sample indices of each batch
+    scored: int
+    scoreable: int
+    scheme: str
+    kept: list | None = None
+
+    def __iter__(self) -> Iterator:
+        if self.kept is not None:
+            return iter(self.kept)
+        return (
+            read_samples(self.split, c, np.full(len(c), -1), 0, self.collate) for c in self.chunks
         )
-    per_rank = min(len(data.val) // world, max_batches * batch_size)
-    mine = np.arange(len(data.val), dtype=np.int64)[rank::world][:per_rank]
-    chunks = [mine[i : i + batch_size] for i in range(0, per_rank, batch_size)]
-    return [read_samples(data.val, c, np.full(len(c), -1), 0, data.collate) for c in chunks]
+
+    def sums(self, score, device: torch.device, autocast) -> dict[str, float]:
+        """The sums `score(batch)` returns (scalar tensors: "loss", "count", ...) over every
+        rank's scored batches, added in float64 (exact counts of billions of tokens) and
+        all-reduced once; `autocast()`: the context each batch is scored in."""
+        sums: dict[str, torch.Tensor] = {}
+        for index, batch in enumerate(self):
+            batch = map_tensors(lambda t: t.to(device, non_blocking=True), batch)
+            with autocast():
+                scores = score(batch)
+            if index >= self.scored:  # run only to keep the ranks' forward passes in step
+                scores = {name: torch.zeros_like(value) for name, value in scores.items()}
+            sums = {name: sums.get(name, 0) + value.double() for name, value in scores.items()}
+        names = sorted(sums)  # the same on every rank: the same task, as many batches
+        totals = distributed.all_reduce(torch.stack([sums[name] for name in names]))
+        return dict(zip(names, totals.tolist(), strict=True))
+
+    def keep(self) -> EvalSet:
+        """Read every batch now and keep them (training scores the same few again and again)."""
+        self.kept = list(self)
+        return self
+
+
+def eval_batches(
+    data: Splits, batch_size: int, rank: int, world: int, max_batches: int | None
+) -> EvalSet:
+    """This rank's share of the validation split: the whole split, or `max_batches` batches of
+    samples spread evenly over it (`eval_batches`), the same samples on any number of ranks.
+    Sample k of those goes to rank k % world: none is left out or scored twice."""
+    split = data.val
+    total = len(split)
+    if total == 0:
+        raise DatasetError("the validation split is empty: evaluation needs at least one sample")
+    chosen = np.arange(total, dtype=np.int64)
+    unit = getattr(split, "unit", "samples")
+    coverage = f"all {total} {unit}"
+    if max_batches is not None and max_batches * batch_size < total:
+        spread = np.linspace(0, total - 1, max_batches * batch_size)
+        chosen = np.unique(spread.round().astype(np.int64))
+        coverage = f"{len(chosen)} of its {total} {unit} evenly spaced (eval_batches={max_batches})"
+    mine = chosen[rank::world]
+    chunks = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+    scored = len(chunks)
+    per_rank = -(-len(chosen) // world)  # samples of the ranks with the most
+    most = -(-per_rank // batch_size)
+    chunks += [chunks[0] if chunks else chosen[:1]] * (most - scored)
+    scheme = "; ".join(filter(None, [getattr(split, "scheme", None), coverage]))
+    scoreable = getattr(split, "scoreable", total)
+    return EvalSet(split, data.collate, chunks, scored, scoreable, scheme)
 
 
 def example_batch(data: Splits, cfg):

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, default_collate
 from ..config_keys import ConfigError
 
 INDEX_FILE = "index.json"  # every dataset directory has one; its "format" names its kind
+IGNORED = -100  # a target that is not scored: cross entropy's ignore_index (torch's default)
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,13 @@ class Splits:
     decodes: reading a sample costs CPU (decoding, augmentation): num_workers then defaults to
         every CPU Slurm gives the rank.
     A split may have a method `gather(indices)` that returns a whole batch at once (in-memory
-    arrays with no randomness: it replaces the per-sample reads and collate).
+    arrays with no randomness: it replaces the per-sample reads and collate). The val split may
+    say what `evaluate` reports of it: `scoreable` (what the task counts in the whole split,
+    e.g. the tokens that are targets; default: its samples), `unit` (what its samples are,
+    e.g. "windows"; default "samples") and `scheme` (how the split is cut, in words).
     draw: optional, for a kind that draws its own training batches as a function of
         (seed, step, micro-step, rank, batch_size) instead of the epoch stream (token windows at
-        random positions); `eval_batches(batch_size, rank, world, max_batches)` then gives its
-        validation batches.
+        random positions); `train` is then None.
     nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
     files: the dataset's files by path, each with the sha256 make-dataset recorded for it: a
         training start reads them in full, every rank its share (kinds.verify_files).
@@ -64,7 +67,6 @@ class Splits:
     collate: Callable[[list], Any] = default_collate
     decodes: bool = False
     draw: Callable[[int, int, int, int, int], Any] | None = None
-    eval_batches: Callable[[int, int, int, int], list] | None = None
     nbytes: int = 0
     to: Callable[[Any], None] | None = None
     files: dict[Path, str] = field(default_factory=dict)

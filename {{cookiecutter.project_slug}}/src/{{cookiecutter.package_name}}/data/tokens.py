@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
+from .windows import ValidationWindows
 
 FORMAT = "tokens/1"
 # little-endian, as numpy writes them on x86/ARM; index.json says "uint16" or "uint32"
@@ -150,7 +151,9 @@ def read_index(directory: Path) -> dict:
 
 class TokenDataset:
     """Train and validation token splits, each a list of shards (ShardFile; 1-D arrays for
-    synthetic tokens). `tokenizer_file`: the Hugging Face tokenizer that made the ids, or None."""
+    synthetic tokens). `tokenizer`: what made the ids ("bytes", "huggingface", "external",
+    "synthetic"); `tokenizer_file`: the Hugging Face tokenizer that made them, or None, and
+    `tokenizer_sha256` its recorded sha256."""
 
     def __init__(
         self,
@@ -160,11 +163,12 @@ class TokenDataset:
         fingerprint: str,
         tokenizer: str,
         tokenizer_file: Path | None = None,
+        tokenizer_sha256: str | None = None,
         digests: dict[Path, str] | None = None,
     ):
         self.train, self.val = train, val
         self.vocab_size, self.fingerprint, self.tokenizer = vocab_size, fingerprint, tokenizer
-        self.tokenizer_file = tokenizer_file
+        self.tokenizer_file, self.tokenizer_sha256 = tokenizer_file, tokenizer_sha256
         self.digests = digests or {}  # each shard's sha256 as make-dataset wrote it, by path
         self.train_tokens = sum(len(s) for s in train)
         self.val_tokens = sum(len(s) for s in val)
@@ -191,9 +195,9 @@ class TokenDataset:
                     )
                 shards.append(shard)
             splits[split] = shards
-        tokenizer_file = None
-        if index.get("tokenizer_file"):
-            tokenizer_file = directory / str(index["tokenizer_file"].get("name", "tokenizer.json"))
+        tokenizer_file, recorded = None, index.get("tokenizer_file") or {}
+        if recorded:
+            tokenizer_file = directory / str(recorded.get("name", "tokenizer.json"))
         digests = {
             directory / entry["name"]: entry["sha256"]
             for split in ("train", "val")
@@ -206,6 +210,7 @@ class TokenDataset:
             index["fingerprint"],
             index.get("tokenizer", "external"),
             tokenizer_file,
+            recorded.get("sha256"),
             digests,
         )
 
@@ -251,34 +256,6 @@ class TokenDataset:
         starts = self.window_starts(seed, step, micro, rank, batch_size, block_size)
         windows = gather(self.train, starts, block_size + 1, self.vocab_size)
         return split_window(windows)
-
-    def val_batches(
-        self, batch_size: int, block_size: int, rank: int, world: int, max_batches: int
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Fixed validation batches for this rank. Windows of block_size + 1 tokens start every
-        block_size tokens in each val shard, so every token is a target exactly once; window k
-        goes to rank k % world. Every rank gets the same number of windows (at most
-        max_batches * batch_size; the last batch may be smaller), so all ranks run the same
-        number of forward passes."""
-        window = block_size + 1
-        shard_starts = np.cumsum([0] + [len(s) for s in self.val[:-1]], dtype=np.int64)
-        starts = np.concatenate(
-            [
-                offset + np.arange(0, len(s) - window + 1, block_size, dtype=np.int64)
-                for offset, s in zip(shard_starts, self.val, strict=True)
-            ]
-        )
-        per_rank = min(len(starts) // world, max_batches * batch_size)
-        if per_rank == 0:
-            raise DatasetError(
-                f"the validation split ({self.val_tokens} tokens) has {len(starts)} windows of "
-                f"block_size + 1 = {window} tokens, fewer than one per rank ({world} ranks)"
-            )
-        mine = starts[rank::world][:per_rank]
-        return [
-            split_window(gather(self.val, mine[i : i + batch_size], window, self.vocab_size))
-            for i in range(0, per_rank, batch_size)
-        ]
 
 
 class ShardFile:
@@ -409,17 +386,22 @@ def split_window(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     """Windows of the model's context length + 1 tokens, drawn at random positions as a function
-    of (seed, step, micro-step, rank); validation windows tile the val split."""
+    of (seed, step, micro-step, rank); validation windows tile the val split. The model's info
+    records which tokenizer made the ids (`evaluate` compares it with another dataset's)."""
     block = spec.context_length(cfg)
+    tokenizer = {"tokenizer": dataset.tokenizer, "tokenizer_sha256": dataset.tokenizer_sha256}
     return Splits(
         train=None,
-        val=None,
-        info=DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size),
+        val=ValidationWindows(
+            [len(s) for s in dataset.val],
+            block,
+            lambda starts, length: gather(dataset.val, starts, length, dataset.vocab_size),
+        ),
+        info=DataInfo(
+            "tokens", dataset.fingerprint, vocab_size=dataset.vocab_size, details=tokenizer
+        ),
         draw=lambda seed, step, micro, rank, batch_size: dataset.train_batch(
             seed, step, micro, rank, batch_size, block
-        ),
-        eval_batches=lambda batch_size, rank, world, max_batches: dataset.val_batches(
-            batch_size, block, rank, world, max_batches
         ),
         files=dataset.digests,
     )

@@ -46,12 +46,21 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in the linear layers and LayerNorms (GPT-2 had them)
     gelu: str = "exact"  # the MLP's GELU: "exact" (erf) or "tanh" (GPT-2's approximation)
+    # the tokenizer's vocabulary, before padding (0: vocab_size): the model's logits are its ids
+    # only, so no padding row ever enters a softmax (a loss, a metric, a sample)
+    real_vocab_size: int = 0
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        self.real_vocab_size = self.real_vocab_size or self.vocab_size
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "real_vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPT {name} must be a positive integer, got {value!r}")
+        if self.real_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"GPT real_vocab_size ({self.real_vocab_size}) must be at most vocab_size "
+                f"({self.vocab_size}, the embedding's rows)"
+            )
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"GPT n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})"
@@ -72,14 +81,14 @@ def gpt_config(preset: str, vocab_size: int, **overrides) -> GPTConfig:
     preset's value) and the vocabulary padded to a multiple of 64."""
     if preset not in PRESETS:
         raise ValueError(f"unknown GPT preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    allowed = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+    allowed = [f.name for f in fields(GPTConfig) if "vocab_size" not in f.name]
     values = dict(PRESETS[preset])
     for name, value in overrides.items():
         if name not in allowed:
             raise ValueError(f"unknown GPT setting {name!r}; accepted: {', '.join(allowed)}")
         if value not in (0, None):
             values[name] = value
-    return GPTConfig(**values, vocab_size=padded_vocab(vocab_size))
+    return GPTConfig(**values, vocab_size=padded_vocab(vocab_size), real_vocab_size=vocab_size)
 
 
 class CausalSelfAttention(nn.Module):
@@ -131,7 +140,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """(batch, time) token ids -> (batch, time, vocab_size) next-token logits."""
+    """(batch, time) token ids -> (batch, time, real_vocab_size) next-token logits."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -171,7 +180,8 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        # the matmul over every row (a multiple of 64 is faster), the padding rows' logits cut
+        return self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]
 
 
 def num_params(model: nn.Module, exclude_position_embeddings: bool = True) -> int:

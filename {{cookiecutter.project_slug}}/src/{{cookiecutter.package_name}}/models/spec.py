@@ -19,14 +19,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.info import IGNORED
+
 if TYPE_CHECKING:
     from ..data.info import DataInfo
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):
     """Cross entropy in fp32 (also for bf16 logits): (B, C) logits with (B,) labels, or
-    (B, T, V) logits with (B, T) next tokens."""
-    return F.cross_entropy(output.flatten(0, -2).float(), target.flatten(), reduction=reduction)
+    (B, T, V) logits with (B, T) next tokens; targets IGNORED are left out."""
+    return F.cross_entropy(
+        output.flatten(0, -2).float(), target.flatten(), reduction=reduction, ignore_index=IGNORED
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,9 @@ class Task:
 
 
 def _count(target: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(float(target.numel()), device=target.device)
+    """The targets scored: all but those IGNORED (the tokens of a validation window that
+    another window scores, padding)."""
+    return (target != IGNORED).sum().float()
 
 
 def _next_token_scores(model: nn.Module, batch) -> dict[str, torch.Tensor]:

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__.split(".")[0])
 class TelemetryKeys:
     log_every: int = key(25, "steps between metric records", bounds=(1, 10**12))
     eval_every: int = key(100, "steps between evaluations; 0 disables them", bounds=(0, 10**12))
-    eval_batches: int = key(20, "held-out batches per rank and evaluation", bounds=(1, 10**6))
+    eval_batches: int = key(20, "held-out batches per evaluation, all ranks together, spread "
+                            "over the split (evaluate: the whole split unless given)",
+                            bounds=(1, 10**6))
     peak_tflops: float = key(989.0, "per-GPU peak for MFU (H100/GH200 dense bf16)",
                              bounds=(1e-3, 1e6))
     tracker: str = key("none", "also log to it (metrics.jsonl always)",
