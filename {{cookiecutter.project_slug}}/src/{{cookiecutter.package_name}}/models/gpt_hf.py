@@ -111,5 +111,4 @@ def hf_config(gpt, vocab_size: int) -> dict:
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "tie_word_embeddings": True,
-        "torch_dtype": "float32",
     }
