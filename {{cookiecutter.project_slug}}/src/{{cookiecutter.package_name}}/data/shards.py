@@ -265,11 +265,10 @@ def write_shards(
                 "sha256": file_sha256(tmp / "tokenizer.json"),
                 "source": str(meta["tokenizer_file"]),
             }
+            companions = index["tokenizer_file"]["companions"] = {}
             for companion in meta.get("tokenizer_companions", ()):  # special tokens, templates
                 shutil.copyfile(companion, tmp / companion.name)
-                index["tokenizer_file"].setdefault("companions", {})[companion.name] = (
-                    file_sha256(tmp / companion.name)
-                )
+                companions[companion.name] = file_sha256(tmp / companion.name)
         index["train"], index["val"] = train.close(), val.close()
         record_samples(tmp, index["train"]["files"] + index["val"]["files"], dtype.itemsize)
         index["fingerprint"] = fingerprint(tmp, index)

@@ -187,15 +187,16 @@ class TokenDataset:
                     )
                 shards.append(shard)
             splits[split] = shards
-        tokenizer_file = None
+        tokenizer_file, tokenizer = None, index.get("tokenizer", "external")
         if index.get("tokenizer_file"):
             tokenizer_file = directory / str(index["tokenizer_file"].get("name", "tokenizer.json"))
+            tokenizer += f" sha256:{index['tokenizer_file'].get('sha256')}"  # which tokenizer
         return cls(
             splits["train"],
             splits["val"],
             vocab_size,
             index["fingerprint"],
-            index.get("tokenizer", "external"),
+            tokenizer,
             tokenizer_file,
         )
 
@@ -404,7 +405,12 @@ def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     return Splits(
         train=None,
         val=None,
-        info=DataInfo("tokens", dataset.fingerprint, vocab_size=dataset.vocab_size),
+        info=DataInfo(
+            "tokens",
+            dataset.fingerprint,
+            vocab_size=dataset.vocab_size,
+            details={"tokenizer": dataset.tokenizer},  # init_from compares it
+        ),
         draw=lambda seed, step, micro, rank, batch_size: dataset.train_batch(
             seed, step, micro, rank, batch_size, block
         ),
