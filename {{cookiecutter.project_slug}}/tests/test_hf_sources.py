@@ -122,9 +122,10 @@ def test_a_source_that_is_not_its_model_is_one_line(tmp_path, single_process, ca
 
 
 def test_init_from_another_writers_copy_of_the_model_is_accepted(tmp_path, single_process):
-    """config.json differing only where the function does not (transformers_version)."""
+    """config.json differing only where the function does not (the writer's version, the dtype
+    the files are stored in)."""
     llama(tmp_path / "model")
     shutil.copytree(tmp_path / "model", tmp_path / "copy")
-    edit_config(tmp_path / "copy", transformers_version="0.0.1")
+    edit_config(tmp_path / "copy", transformers_version="0.0.1", dtype="bfloat16")
     argv = args(tmp_path / "model", tmp_path / "run", f"init_from={tmp_path / 'copy'}")
     assert main(argv) == 0

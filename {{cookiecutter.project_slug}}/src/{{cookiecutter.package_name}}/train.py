@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from .optim import make_optimizer, make_schedule
 from .run import lock as rundir_lock
 from .run import preemption
 from .run.interrupts import SecondSignal
-from .run.rundir import RunDir, RunDirError, reported
+from .run.rundir import RunDir, RunDirError, removed_if_refused, reported
 from .telemetry import console, metrics
 from .telemetry.profiling import StepProfiler
 
@@ -245,21 +244,8 @@ def check_ranks_agree(what: str, values: dict) -> None:
 def hold_run_dir(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
     """Rank 0 checks that the run directory can be written and holds `<run_dir>/LOCK` for the
     whole run, so a second job started on the same run directory stops here instead of training
-    into it; every rank learns the outcome. A new run refused at its start (bad input, e.g. an
-    init_from that is not the model) leaves no run directory behind."""
-    new = env.is_main and not run_dir.path.exists()
-    try:
-        with _held(run_dir, env) as lock:
-            yield lock
-    except ConfigError:
-        if new and not checkpoint.complete_steps(run_dir.checkpoints):
-            shutil.rmtree(run_dir.path, ignore_errors=True)
-        raise
-
-
-@contextmanager
-def _held(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
-    with ExitStack() as stack:
+    into it; every rank learns the outcome."""
+    with removed_if_refused(run_dir, env.is_main), ExitStack() as stack:
         lock, error = None, None
         if env.is_main:
             try:
@@ -285,9 +271,6 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
         try:
             has_checkpoints = bool(checkpoint.complete_steps(run_dir.checkpoints))
             check_run_dir_config(cfg, run_dir, has_checkpoints)
-            spec = spec_of(cfg)
-            if spec.keep_files:  # model=hf: the run's copy of hf_model's config.json
-                spec.keep_files(cfg, run_dir.path)
         except ConfigError as err:
             error = str(err)
     error = distributed.broadcast_object(error)
