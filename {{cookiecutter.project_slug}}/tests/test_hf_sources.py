@@ -65,6 +65,7 @@ def evaluated(run, capsys) -> float:
 def test_the_run_keeps_the_architecture_it_trains(tmp_path, single_process, capsys):
     source, run = tmp_path / "model", tmp_path / "run"
     llama(source)
+    edit_config(source, dtype="bfloat16")  # as hub models say; the run trains in float32
     assert main(args(source, run)) == 0
     kept = json.loads((run / "hf_model" / "config.json").read_text())
     assert kept == json.loads((source / "config.json").read_text())
@@ -89,6 +90,7 @@ def test_the_run_keeps_the_architecture_it_trains(tmp_path, single_process, caps
     assert main(["export", f"run_dir={run}", "--format", "hf", "--out", str(out)]) == 0
     exported = json.loads((out / "config.json").read_text())
     assert exported["rms_norm_eps"] == kept["rms_norm_eps"]
+    assert exported["dtype"] == "float32"  # the tensors' (the source said bfloat16)
 
 
 @pytest.mark.parametrize("case", ["layers", "untied", "encoder", "loop", "init_from"])
