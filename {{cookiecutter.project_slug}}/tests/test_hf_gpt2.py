@@ -173,7 +173,11 @@ def test_a_gpt_of_its_own_exports_with_its_tokenizer_and_in_shards(
     assert "Traceback" not in err and "trained on data made with the tokenizer sha256:" in err
 
 
-@pytest.mark.parametrize("case", ["gelu", "bias", "layers", "vocab", "truncated", "no_weights"])
+CASES = ["gelu", "bias", "layers", "vocab", "truncated", "no_weights"]
+CASES += ["rows", "by_layer", "unscaled"]  # the file's own shapes, settings the GPT lacks
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_gpt2_that_is_not_the_configured_model_is_one_line(
     tmp_path, single_process, case, capsys
 ):
@@ -187,7 +191,20 @@ def test_a_gpt2_that_is_not_the_configured_model_is_one_line(
         "vocab": "its vocab_size is 256, the run's vocab_size (the dataset's or the config's)",
         "truncated": f"{weights}: cannot read the weights",
         "no_weights": "has no model.safetensors",
+        "rows": "transformer.wte.weight has 200 rows but its config.json's vocab_size is 256",
+        "by_layer": "its scale_attn_by_inverse_layer_idx is True: the GPT implements only False",
+        "unscaled": "its scale_attn_weights is False: the GPT implements only True",
     }[case]
+    settings = {"by_layer": {"scale_attn_by_inverse_layer_idx": True},
+                "unscaled": {"scale_attn_weights": False}}.get(case, {})  # fmt: skip
+    config = tmp_path / "gpt2" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | settings))
+    if case == "rows":  # fewer embedding rows than config.json's vocab_size
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(weights)
+        tensors["transformer.wte.weight"] = tensors["transformer.wte.weight"][:200].clone()
+        save_file(tensors, weights, metadata={"format": "pt"})
     if case == "truncated":
         weights.write_bytes(weights.read_bytes()[:1000])
     if case == "no_weights":
@@ -198,3 +215,20 @@ def test_a_gpt2_that_is_not_the_configured_model_is_one_line(
     err = capsys.readouterr().err
     assert expected in err.strip().splitlines()[-1] and "Traceback" not in err, err
     assert not list((tmp_path / "run").glob("checkpoints/step-*"))
+
+
+def test_a_gpt_of_a_shorter_context_reads_the_first_positions(tmp_path, single_process, capsys):
+    """GPT-2's 32 positions, a run of block_size=16: the position table is cut (as nanoGPT's
+    crop_block_size), the log says so and names the model by its source."""
+    original = tiny_gpt2(tmp_path / "gpt2")
+    run = tmp_path / "run"
+    args = [*TINY, *GPT2, *SHORT, *UNCHANGED, "block_size=16", f"run_dir={run}",
+            f"init_from={tmp_path / 'gpt2'}"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "transformer.wpe.weight cut from 32 to 16 rows" in err
+    assert "gpt:gpt2 (init_from, preset tiny)" in err and "gpt:tiny," not in err
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = original(ids).logits
+    torch.testing.assert_close(package_logits(run, ids), expected, rtol=0, atol=1e-4)

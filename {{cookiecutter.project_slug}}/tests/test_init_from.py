@@ -6,6 +6,7 @@ checkpoint shows the weights it started from (to 1e-9; the weights are about 0.0
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -106,7 +107,42 @@ def test_a_wrong_source_is_one_line_and_writes_nothing(source_run, tmp_path, cas
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr and expected in last, last
-    if case in ("missing", "file", "empty"):
-        assert not run_dir.exists()  # refused before the run directory is made
-    else:
+    if case == "itself":
         assert not list(run_dir.glob("checkpoints/step-*"))
+    else:  # refused before the run directory is made, or the new one removed
+        assert not run_dir.exists()
+
+
+def bpe_dataset(tmp_path, name: str, vocab_size: int):
+    """A dataset tokenised by a BPE of `vocab_size` ids trained here (300 and 310 ids: both
+    padded to 320 rows by the GPT, so only the tokenizer tells them apart)."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    words = "alps node train token shard model batch step lustre cluster".split()
+    docs = [" ".join(words[(i * 7 + j) % len(words)] for j in range(30)) for i in range(300)]
+    (tmp_path / "docs.txt").write_text("\n".join(docs))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tokenizer, data = tmp_path / f"{name}.json", tmp_path / name
+    assert main(["train-tokenizer", "--text", str(tmp_path / "docs.txt"), "--vocab-size",
+                 str(vocab_size), "--out", str(tokenizer)]) == 0  # fmt: skip
+    assert main(["make-dataset", "--hf", str(tmp_path / "docs.jsonl"), "--tokenizer",
+                 str(tokenizer), "--out", str(data)]) == 0  # fmt: skip
+    return data
+
+
+def test_a_run_of_another_tokenizer_is_refused_unless_on_purpose(tmp_path, single_process, capsys):
+    pytest.importorskip("tokenizers", reason="needs the [data] extra")
+    pytest.importorskip("datasets", reason="needs the [data] extra")
+    from {{ cookiecutter.package_name }}.cli import main
+
+    first, second = bpe_dataset(tmp_path, "first", 300), bpe_dataset(tmp_path, "second", 310)
+    base = [*TINY, "vocab_size=0", *SHORT, *UNCHANGED]
+    assert main([*base, f"dataset={first}", f"run_dir={tmp_path / 'source'}"]) == 0
+    new = [*base, f"dataset={second}", f"init_from={tmp_path / 'source'}"]
+    capsys.readouterr()
+    assert main([*new, f"run_dir={tmp_path / 'refused'}"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "was trained on ids of another tokenizer" in last and "init_new_vocabulary" in last
+    assert not (tmp_path / "refused").exists()
+    assert main([*new, f"run_dir={tmp_path / 'new'}", "init_new_vocabulary=true"]) == 0
+    assert "init_new_vocabulary=true: " in capsys.readouterr().err

@@ -33,7 +33,7 @@ from .optim import make_optimizer, make_schedule
 from .run import lock as rundir_lock
 from .run import preemption
 from .run.interrupts import SecondSignal
-from .run.rundir import RunDir, RunDirError, reported
+from .run.rundir import RunDir, RunDirError, removed_if_refused, reported
 from .telemetry import console, metrics
 from .telemetry.profiling import StepProfiler
 
@@ -242,7 +242,7 @@ def hold_run_dir(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
     """Rank 0 checks that the run directory can be written and holds `<run_dir>/LOCK` for the
     whole run, so a second job started on the same run directory stops here instead of training
     into it; every rank learns the outcome."""
-    with ExitStack() as stack:
+    with removed_if_refused(run_dir, env.is_main), ExitStack() as stack:
         lock, error = None, None
         if env.is_main:
             try:

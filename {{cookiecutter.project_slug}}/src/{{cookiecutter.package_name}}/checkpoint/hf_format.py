@@ -132,7 +132,8 @@ def read_rows(
 def load_with_transformers(directory: Path) -> dict[str, torch.Tensor]:
     """The directory's model as transformers' own loader builds it (each architecture's
     renamings applied): module name -> tensor, for layouts whose names do not map one to one.
-    A tensor it finds no weights for is refused (transformers would initialise it randomly)."""
+    A tensor it finds no weights for is refused (transformers would initialise it randomly), and
+    so are weights it finds no tensor for (transformers would drop them)."""
     transformers = optional_import("transformers", "hf", f"reading {directory}")
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -142,6 +143,12 @@ def load_with_transformers(directory: Path) -> dict[str, torch.Tensor]:
         raise ConfigError(f"{directory}: transformers cannot load it: {first_line(err)}") from None
     if info["missing_keys"]:
         raise ConfigError(f"{directory}: it has no weights for {sorted(info['missing_keys'])[0]}")
+    if info["unexpected_keys"]:
+        unused = sorted(info["unexpected_keys"])
+        raise ConfigError(
+            f"{directory}: {len(unused)} of its tensors are not in the model its config.json "
+            f"describes: {', '.join(unused[:5])}" + (" ..." if len(unused) > 5 else "")
+        )
     return model.state_dict()
 
 

@@ -37,8 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError
+from ..data.tokens import tokenizer_identity
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
+from .export import read_checkpoint
 from .integrity import MARKER, complete_checkpoints, verify
 
 log = logging.getLogger(__name__.split(".")[0])
@@ -110,7 +112,7 @@ def load_initial_weights(
     elif isinstance(source, WeightsFile):
         loaded = _from_weights_file(model, spec, cfg, info, source)
     else:
-        loaded = _from_run_dir(model, source)
+        loaded = _from_run_dir(model, cfg, info, source)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes
     return loaded, {"model_gib": weights / 2**30, "peak_rss_gib": peak_resident_gib()}
 
@@ -126,7 +128,8 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
     tied = tied_names(state)
     expected = {k: tuple(v.shape) for k, v in state.items() if k not in tied}
     names, stored = _name_map(spec, cfg, info, directory, expected)
-    check_same_tensors(path, stored_shapes(names, stored, expected), expected)
+    vocab_size = directory.config.get("vocab_size")
+    check_same_tensors(path, stored_shapes(path, names, stored, expected, vocab_size), expected)
     with torch.no_grad():
         for key, hf in names.items():
             local, start = local_rows(state[key])
@@ -136,7 +139,13 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
     for key, same_as in tied.items():
         state[key] = state[same_as]
     set_model_state_dict(model, state)
-    return f"{path} (Hugging Face {directory.config.get('model_type')})"
+    cut = [
+        f"{hf.name} cut from {stored[hf.name][1][0]} to {expected[key][0]} rows"
+        for key, hf in names.items()
+        if hf.cut and stored[hf.name][1][0] > expected[key][0]
+    ]
+    what = "; ".join([f"Hugging Face {directory.config.get('model_type')}", *cut])
+    return f"{path} ({what})"
 
 
 def _name_map(spec, cfg, info, directory: hf_format.HFDir, expected: dict) -> tuple[dict, dict]:
@@ -148,7 +157,8 @@ def _name_map(spec, cfg, info, directory: hf_format.HFDir, expected: dict) -> tu
         names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
         if names is None:
             whole = hf_format.load_with_transformers(directory.path)
-            stored = {name: (tensor, tuple(tensor.shape)) for name, tensor in whole.items()}
+            tied = tied_names(whole)  # a tied output layer is the embedding, not a tensor
+            stored = {n: (t, tuple(t.shape)) for n, t in whole.items() if n not in tied}
             names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
     except ConfigError:  # the directory's files: the message names them
         raise
@@ -162,14 +172,22 @@ def _name_map(spec, cfg, info, directory: hf_format.HFDir, expected: dict) -> tu
     return names, stored
 
 
-def stored_shapes(names: dict, stored: dict, expected: dict) -> dict[str, tuple[int, ...]]:
+def stored_shapes(
+    source: Path, names: dict, stored: dict, expected: dict, vocab_size: int | None
+) -> dict[str, tuple[int, ...]]:
     """The shape each of the model's tensors has as read: the stored one, transposed where it
-    is stored transposed, and with the model's rows where the map allows padding rows."""
+    is stored transposed, and with the model's rows where the map allows padding rows. A
+    tensor with padding rows (the embedding) must hold config.json's `vocab_size` rows."""
     shapes = {}
     for key, hf in names.items():
         shape = stored[hf.name][1][::-1] if hf.transposed else stored[hf.name][1]
         rows = expected.get(key, (0,))[0] if shape else 0
-        if hf.padded and shape and shape[0] <= rows:
+        if hf.padded and shape and shape[0] != vocab_size:
+            raise ConfigError(
+                f"init_from={source}: tensor {hf.name} has {shape[0]} rows but its config.json's "
+                f"vocab_size is {vocab_size}"
+            )
+        if (hf.padded and shape and shape[0] <= rows) or (hf.cut and shape and shape[0] >= rows):
             shape = (rows, *shape[1:])
         shapes[key] = shape
     return shapes
@@ -263,7 +281,7 @@ def _from_weights_file(model, spec, cfg, info, source: WeightsFile) -> str:
     )
 
 
-def _from_run_dir(model, checkpoints: list[Path]) -> str:
+def _from_run_dir(model, cfg, info, checkpoints: list[Path]) -> str:
     for checkpoint in checkpoints:
         problem = verify(checkpoint)
         if problem:
@@ -273,6 +291,8 @@ def _from_run_dir(model, checkpoints: list[Path]) -> str:
         part = next((n for n, kind in parts.items() if kind == "ModelAndOptimizer"), None)
         if part is None:
             raise ConfigError(f"init_from: checkpoint {checkpoint} holds no model")
+        train = next((n for n, kind in parts.items() if kind == "TrainState"), None)
+        new_vocabulary = other_tokenizer(checkpoint, train, cfg, info)
         prefix = f"{part}.model."
         reader = dcp.FileSystemReader(checkpoint)
         saved = {
@@ -288,10 +308,32 @@ def _from_run_dir(model, checkpoints: list[Path]) -> str:
             no_dist=not dist.is_initialized(),
         )
         set_model_state_dict(model, state)
-        return f"{checkpoint} (run directory)"
+        return f"{checkpoint} (run directory{new_vocabulary})"
     raise ConfigError(
         f"init_from={checkpoints[0].parent}: none of its checkpoints passes its checks"
     )
+
+
+def other_tokenizer(checkpoint: Path, train_part: str | None, cfg, info) -> str:
+    """The source run's ids must be the new run's words: the tokenizer its checkpoint records
+    (data_info, e.g. "huggingface sha256:...", "bytes") against the new run's dataset's. Another
+    one is refused unless init_new_vocabulary=true, which the log then states ("" when the
+    same, or when either side made its ids elsewhere: "external")."""
+    extra = read_checkpoint(checkpoint, lambda key: key == f"{train_part}.extra")
+    recorded = json.loads(next(iter(extra.values()), None) or "{}").get("config", {})
+    theirs = tokenizer_identity((recorded.get("data_info") or {}).get("details", {}))
+    ours = tokenizer_identity(info.details)
+    if theirs is None or ours is None or theirs == ours:
+        return ""
+    what = f"{checkpoint} was trained on ids of another tokenizer ({theirs}; this run's: {ours})"
+    if not cfg.init_new_vocabulary:
+        raise ConfigError(
+            f"init_from={checkpoint.parent.parent}: {what}: the same id would be another word. "
+            "Tokenise the data with the source's tokenizer, or set init_new_vocabulary=true to "
+            "start a new vocabulary from these weights on purpose"
+        )
+    log.warning("init_new_vocabulary=true: %s; its embedding rows now mean this run's tokens", what)
+    return "; init_new_vocabulary: another tokenizer's ids"
 
 
 def check_same_tensors(source: Path, found: dict, expected: dict) -> None:

@@ -58,7 +58,11 @@ def refuse_or_warn(changed: list[str], cfg: Config, what: str) -> None:
 
 def check_run_dir_config(cfg: Config, run_dir: Path, has_checkpoints: bool) -> None:
     """Before any checkpoint is read: refuse to continue the checkpoints of `run_dir` with a
-    changed model or resume-relevant key, comparing with the run's `config.toml`."""
+    changed model or resume-relevant key, comparing with the run's `config.toml`; and the files
+    that define the model kept in the run directory, or checked (`ModelSpec.keep_files`)."""
+    spec = MODELS.get(cfg.model)
+    if spec is not None and spec.keep_files:  # model=hf: the run's copy of its config.json
+        spec.keep_files(cfg, RunDir.of(run_dir).path)
     path = RunDir.of(run_dir).config
     if not has_checkpoints or not path.is_file():
         return

@@ -25,7 +25,7 @@ import numpy as np
 from ..config_keys import first_line, optional_import
 from .shards import write_shards
 from .sources import DatasetSource
-from .tokenizer import document_separator, load_tokenizer, vocabulary_size
+from .tokenizer import companion_files, document_separator, load_tokenizer, vocabulary_size
 from .tokens import DatasetError, token_dtype
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
@@ -302,6 +302,7 @@ def write_hf_dataset(
         "tokenizer": "huggingface",
         "document_end": separator_id,
         "tokenizer_file": file,
+        "tokenizer_companions": companion_files(file),
         "sources": [f"{source} (split {split}, column {column})"],
     }
     try:

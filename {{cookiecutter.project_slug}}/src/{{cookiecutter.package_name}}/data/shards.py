@@ -221,7 +221,8 @@ def write_shards(
 
     The stream is written to train shards as it comes; at its end the last `val_fraction` of it
     (at least `min_val_tokens`) is moved to val shards. `meta` gives "tokenizer",
-    "document_end", "sources" and optionally "tokenizer_file" (a path copied into the dataset).
+    "document_end", "sources" and optionally "tokenizer_file" (a path copied into the dataset) and
+    "tokenizer_companions" (files beside it copied too: tokenizer_config.json...).
 
     If `out` already holds a dataset, the new one must be identical (same fingerprint): then this
     is a no-op that returns the existing index; otherwise it is an error and `out` is left as it
@@ -264,6 +265,10 @@ def write_shards(
                 "sha256": file_sha256(tmp / "tokenizer.json"),
                 "source": str(meta["tokenizer_file"]),
             }
+            companions = index["tokenizer_file"]["companions"] = {}
+            for companion in meta.get("tokenizer_companions", ()):  # special tokens, templates
+                shutil.copyfile(companion, tmp / companion.name)
+                companions[companion.name] = file_sha256(tmp / companion.name)
         index["train"], index["val"] = train.close(), val.close()
         record_samples(tmp, index["train"]["files"] + index["val"]["files"], dtype.itemsize)
         index["fingerprint"] = fingerprint(tmp, index)

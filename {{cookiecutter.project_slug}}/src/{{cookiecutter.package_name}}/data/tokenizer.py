@@ -24,6 +24,17 @@ from .tokens import (
 )
 
 TOKENIZER_FILE = "tokenizer.json"
+# What a Hugging Face tokenizer directory holds beside tokenizer.json (save_pretrained's files):
+# the special tokens, the chat template, the generation defaults. make-dataset --tokenizer DIR
+# keeps those DIR has in the dataset; export --format hf writes them beside the model.
+COMPANION_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # End-of-document tokens of common tokenizers, tried in this order when the tokenizer's own
 # tokenizer_config.json (next to tokenizer.json) names no eos_token: GPT-2/Qwen, Llama 3,
 # Llama 2/Mistral, Gemma.
@@ -42,6 +53,13 @@ def tokenizer_file(path: Path) -> Path:
             "(a tokenizer saved only as a SentencePiece model must be converted first)"
         )
     return file
+
+
+def companion_files(file: Path) -> list[Path]:
+    """The COMPANION_FILES beside the tokenizer.json `file` (those that exist)."""
+    return [
+        Path(file).parent / name for name in COMPANION_FILES if (Path(file).parent / name).is_file()
+    ]
 
 
 def load_tokenizer(path: Path):
@@ -179,6 +197,53 @@ def check_run_tokenizer(dataset: str, fingerprint: str) -> None:
         )
 
 
+def unchanged(file: Path, sha256: str) -> Path:
+    """`file` of a dataset, refused when it is not the one index.json recorded (swapped after
+    the dataset was written: the same ids would mean other words)."""
+    if file.is_file() and file_sha256(file) != sha256:
+        raise DatasetError(f"{file}: changed since the dataset was written (sha256 differs)")
+    return file
+
+
+def run_tokenizer_files(dataset: str, fingerprint: str) -> dict[str, Path]:
+    """The tokenizer files of a run's dataset, name -> path: tokenizer.json and the companions
+    make-dataset kept, each the one the dataset was written with ({} for byte tokens)."""
+    check_run_tokenizer(dataset, fingerprint)
+    directory = Path(dataset)
+    if dataset == "synthetic" or not (directory / "index.json").is_file():
+        return {}
+    recorded = read_index(directory).get("tokenizer_file")
+    if not recorded:
+        return {}
+    files = {TOKENIZER_FILE: unchanged(directory / recorded["name"], recorded["sha256"])}
+    for name, sha256 in (recorded.get("companions") or {}).items():
+        files[name] = unchanged(directory / name, sha256)
+    missing = [str(path) for path in files.values() if not path.is_file()]
+    if missing:
+        raise DatasetError(f"{missing[0]}: the dataset's tokenizer file is gone")
+    return files
+
+
+def special_tokens(files: dict[str, Path], document_end: int | None) -> dict[str, str]:
+    """bos/eos/unk/pad token -> its text, as the tokenizer's own tokenizer_config.json (or
+    special_tokens_map.json) names them; a tokenizer without them (a bare tokenizer.json,
+    train-tokenizer's BPE) gets its end-of-document token as eos and bos, as GPT-2's has."""
+    named: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        if name in files:
+            settings = json.loads(files[name].read_text())
+            for key in SPECIAL_TOKENS:
+                value = settings.get(key)
+                value = value.get("content") if isinstance(value, dict) else value
+                if isinstance(value, str):
+                    named[key] = value
+    if named or document_end is None:
+        return named
+    tokenizer, _ = load_tokenizer(files[TOKENIZER_FILE])
+    end = tokenizer.id_to_token(document_end)
+    return {"bos_token": end, "eos_token": end} if end is not None else {}
+
+
 def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
     """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
     else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""
@@ -198,8 +263,6 @@ def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: in
     recorded = index.get("tokenizer_file")
     if index.get("tokenizer") != "huggingface" or not recorded:
         return TextCodec()
-    file = directory / recorded["name"]
-    if file.is_file() and file_sha256(file) != recorded["sha256"]:
-        raise DatasetError(f"{file}: changed since the dataset was written (sha256 differs)")
+    file = unchanged(directory / recorded["name"], recorded["sha256"])
     tokenizer, _ = load_tokenizer(file)
     return TextCodec(tokenizer, int(index.get("document_end") or 0))

@@ -384,6 +384,15 @@ def split_window(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 # --- the kind of dataset (data/kinds.py) ------------------------------------------------------
 
 
+def tokenizer_identity(details: dict) -> str | None:
+    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
+    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
+    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
+    if kind == "bytes":
+        return kind
+    return f"{kind} sha256:{digest}" if digest else None
+
+
 def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     """Windows of the model's context length + 1 tokens, drawn at random positions as a function
     of (seed, step, micro-step, rank); validation windows tile the val split. The model's info

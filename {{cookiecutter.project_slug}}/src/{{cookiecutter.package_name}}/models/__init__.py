@@ -31,6 +31,8 @@ class ModelKeys:
     model: str = key(DEFAULT_MODEL, "the model to train: a module in models/ "
                      "(docs/your-model.md)", choices=tuple(MODELS), resume=True)  # fmt: skip
     dropout: float = key(0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True)
+    init_new_vocabulary: bool = key(False, "init_from a run trained on another tokenizer: "
+                                    "take its weights for a new vocabulary on purpose")  # fmt: skip
 
 
 def spec_of(cfg) -> ModelSpec:

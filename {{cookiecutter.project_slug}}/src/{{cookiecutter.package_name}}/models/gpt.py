@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -270,6 +271,13 @@ def training_flops(cfg, model: nn.Module, info: DataInfo) -> float:
     return flops_per_token(config, num_params(model)) * config.block_size
 
 
+def describe(cfg) -> str:
+    """gpt:<preset>, or the weights it starts from (`init_from`), whose sizes it has."""
+    if cfg.init_from:
+        return f"gpt:{Path(cfg.init_from).name} (init_from, preset {cfg.gpt.preset})"
+    return f"gpt:{cfg.gpt.preset}"
+
+
 SPEC = spec.ModelSpec(
     name="gpt",
     task=spec.LANGUAGE_MODEL,
@@ -280,7 +288,7 @@ SPEC = spec.ModelSpec(
     blocks=lambda model: model.blocks,
     flops_per_sample=training_flops,
     check=check,
-    describe=lambda cfg: f"gpt:{cfg.gpt.preset}",
+    describe=describe,
     architecture=as_built,
     reads_vocab_size=True,
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one

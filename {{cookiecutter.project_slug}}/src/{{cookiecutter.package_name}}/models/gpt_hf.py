@@ -20,6 +20,13 @@ from .spec import HFName
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}  # HF name -> ours
+# GPT2Config settings that change the function, and the one value the GPT implements (the default)
+FUNCTION_SETTINGS = {
+    "scale_attn_weights": True,  # attention scores divided by sqrt(head size)
+    "scale_attn_by_inverse_layer_idx": False,  # and by the layer's number
+    "reorder_and_upcast_attn": False,  # the scores computed in float32 under autocast
+    "add_cross_attention": False,  # an encoder-decoder's cross-attention layers
+}
 BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal masks some GPT-2 files carry: not weights
 
 
@@ -38,12 +45,16 @@ def check_config(hf: dict, gpt, vocab_size: int) -> None:
         "n_layer": ("n_layer", gpt.n_layer),
         "n_head": ("n_head", gpt.n_head),
         "n_embd": ("n_embd", gpt.n_embd),
-        "n_positions": ("block_size", gpt.block_size),
         "vocab_size": ("vocab_size (the dataset's or the config's)", vocab_size),
     }
     for key, (ours, value) in wanted.items():
         if hf.get(key) != value:
             raise Mismatch(f"its {key} is {hf.get(key)!r}, the run's {ours} is {value!r}")
+    if not isinstance(hf.get("n_positions"), int) or hf["n_positions"] < gpt.block_size:
+        raise Mismatch(
+            f"its n_positions is {hf.get('n_positions')!r}, shorter than the run's block_size "
+            f"{gpt.block_size}"
+        )
     if GELU.get(activation) != gpt.gelu:
         need = GELU.get(activation)
         raise Mismatch(
@@ -56,6 +67,11 @@ def check_config(hf: dict, gpt, vocab_size: int) -> None:
         raise Mismatch(f"its n_inner is {hf['n_inner']}, the GPT's MLP is 4 x n_embd")
     if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
         raise Mismatch(f"its layer_norm_epsilon is {hf['layer_norm_epsilon']}, the GPT's 1e-5")
+    for setting, value in FUNCTION_SETTINGS.items():
+        if hf.get(setting, value) != value:
+            raise Mismatch(
+                f"its {setting} is {hf[setting]!r}: the GPT implements only {value!r} (GPT-2's)"
+            )
     if hf.get("tie_word_embeddings", True) is False:
         raise Mismatch("its output layer is not tied to the token embedding (the GPT's is)")
 
@@ -63,8 +79,9 @@ def check_config(hf: dict, gpt, vocab_size: int) -> None:
 def from_hf(hf: dict, names: Iterable[str], gpt, vocab_size: int) -> dict[str, HFName]:
     """Where each tensor of the GPT is among a GPT-2's: `hf` is its config.json, `names` its
     tensors' names (with or without `transformer.`). Conv1D weights are stored transposed; the
-    embedding's rows past GPT-2's vocabulary are zeros (the GPT's padded vocabulary); the
-    output layer is the embedding (tied), so it is not read."""
+    embedding's rows past GPT-2's vocabulary are zeros (the GPT's padded vocabulary); a GPT of
+    a shorter block_size than n_positions reads the first rows of the position table (as
+    nanoGPT's crop_block_size); the output layer is the embedding (tied), so it is not read."""
     check_config(hf, gpt, vocab_size)
     found = {}
     for name in names:
@@ -72,7 +89,12 @@ def from_hf(hf: dict, names: Iterable[str], gpt, vocab_size: int) -> dict[str, H
         if short.endswith(BUFFERS) or short == "lm_head.weight":  # masks; the tied output layer
             continue
         ours = short.replace("h.", "blocks.", 1) if short.startswith("h.") else short
-        found[ours] = HFName(name, transposed=short.endswith(CONV1D), padded=ours == "wte.weight")
+        found[ours] = HFName(
+            name,
+            transposed=short.endswith(CONV1D),
+            padded=ours == "wte.weight",
+            cut=ours == "wpe.weight",
+        )
     return found
 
 
@@ -111,5 +133,4 @@ def hf_config(gpt, vocab_size: int) -> dict:
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "tie_word_embeddings": True,
-        "torch_dtype": "float32",
     }

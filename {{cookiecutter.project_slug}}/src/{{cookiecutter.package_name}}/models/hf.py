@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..config_keys import ConfigError, first_line, optional_import
 from ..config_keys import key as config_key  # `key` names tensors below
+from ..run.atomic import atomic_write_text
 from . import spec
 
 if TYPE_CHECKING:
@@ -40,6 +42,22 @@ PREFIX = "hf."  # state-dict name = PREFIX + transformers' name
 def transformers_module():
     """transformers, or a one-line ConfigError saying how to install it."""
     return optional_import("transformers", "hf", "model=hf")
+
+
+RUN_COPY = "hf_model"  # <run_dir>/hf_model/config.json: the architecture the run trains
+# Bidirectional encoders that AutoModelForCausalLM builds all the same (BertLMHeadModel...):
+# unless their config.json says is_decoder=true, each position's attention sees the tokens
+# after it, so next-token training would learn to copy.
+ENCODERS = frozenset(
+    "bert bert-generation big_bird camembert data2vec-text electra ernie megatron-bert rembert "
+    "roberta roberta-prelayernorm roc_bert roformer xlm-roberta xlm-roberta-xl xmod".split()
+)
+# config.json fields that do not change the model's function: where and by which version it
+# was written, the dtype its files are stored in, generation defaults
+NOT_THE_FUNCTION = frozenset(
+    {"_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "use_cache"}
+    | {"bos_token_id", "eos_token_id", "pad_token_id"}
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,17 +84,78 @@ def _read_config(directory: str):
             f"config key 'hf_model': {directory} holds a {config.model_type!r} model, which is "
             "not a causal language model (AutoModelForCausalLM does not build it)"
         )
+    if config.model_type in ENCODERS and not config.is_decoder:
+        raise ConfigError(
+            f"config key 'hf_model': {directory} holds a {config.model_type!r} encoder: its "
+            "attention sees the tokens after each position (not causal), so it cannot learn "
+            "to predict them; use a decoder-only model (GPT-2, Llama, Qwen2...)"
+        )
     return config
 
 
-def hf_config(cfg):
-    """The transformers config of `hf_model` (read once per process), checked."""
+def source_dir(cfg) -> str:
+    """`hf_model` as an absolute path (a trailing slash or `..` do not make another one)."""
     if not cfg.hf.hf_model:
         raise ConfigError(
             "config key 'hf_model' is required with model=hf: a Hugging Face model directory "
             "(config.json and *.safetensors)"
         )
-    return _read_config(str(Path(cfg.hf.hf_model).expanduser().resolve()))
+    try:
+        return str(Path(cfg.hf.hf_model).expanduser().resolve())
+    except (OSError, RuntimeError) as err:  # a symlink loop
+        raise ConfigError(f"config key 'hf_model': {cfg.hf.hf_model}: {first_line(err)}") from None
+
+
+def run_copy(run_dir) -> Path:
+    """The run directory's copy of hf_model's config.json (`keep_config` writes it)."""
+    return Path(run_dir) / RUN_COPY / "config.json"
+
+
+def hf_config(cfg):
+    """The transformers config of the run's model (read once per process), checked: the run
+    directory's copy of hf_model's config.json once the run has one (the architecture it
+    trains, whatever becomes of hf_model), else hf_model's."""
+    if cfg.run_dir and run_copy(cfg.run_dir).is_file():
+        return _read_config(str(run_copy(cfg.run_dir).parent.resolve()))
+    return _read_config(source_dir(cfg))
+
+
+def differences(ours, theirs) -> list[str]:
+    """`field: ours -> theirs` for each config.json setting that changes the function."""
+    a, b = ours.to_dict(), theirs.to_dict()
+    return [
+        f"{field}: {a.get(field)!r} -> {b.get(field)!r}"
+        for field in sorted((set(a) | set(b)) - NOT_THE_FUNCTION)
+        if a.get(field) != b.get(field)
+    ]
+
+
+def keep_config(cfg, run_dir: Path) -> None:
+    """At a run's start, on rank 0, before any checkpoint is read: a new run keeps a copy of
+    hf_model's config.json, the architecture it trains (`hf_config` reads it from then on); a
+    run that has one is refused where hf_model's, if still there, changed a setting that changes
+    the function (hf_model may be gone: the copy is the run's)."""
+    copy_file = run_copy(run_dir)
+    if copy_file.is_file():
+        source = source_dir(cfg)
+        if not (Path(source) / "config.json").is_file():
+            return
+        now = _read_config.__wrapped__(source)  # as it is now, not as read before
+        changed = differences(_read_config(str(copy_file.parent.resolve())), now)
+        if changed:
+            raise ConfigError(
+                f"hf_model's config.json ({source}) is not the one the run in {run_dir} trains "
+                f"({copy_file}): {'; '.join(changed)}. Restore it, or use a new run_dir"
+            )
+        return
+    source_file = Path(source_dir(cfg)) / "config.json"
+    try:
+        copy_file.parent.mkdir(exist_ok=True)
+        atomic_write_text(copy_file, source_file.read_text())
+    except OSError as err:
+        raise ConfigError(
+            f"cannot copy {source_file} to {copy_file}: {err.strerror or err}"
+        ) from None
 
 
 class HFCausalLM(nn.Module):
@@ -166,8 +245,8 @@ class HFKeys:
     """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file)."""
 
     hf_model: str = config_key(
-        "", "a Hugging Face model directory (config.json, *.safetensors)", resume=True
-    )
+        "", "a Hugging Face model directory (config.json, *.safetensors)"
+    )  # not a resume key: the run keeps a copy of its config.json (keep_config)
     hf_weights: str = config_key(
         "pretrained",
         "start from hf_model's weights, or random ones of its architecture",
@@ -194,20 +273,40 @@ def from_hf(
     Mixtral: one tensor per expert in the files, one fused tensor in the module): transformers'
     loader, which knows each architecture's renamings, is then asked for the tensors."""
     ours = hf_config(cfg)
-    if _settings(type(ours).from_dict(config)) != _settings(ours):
-        raise ValueError(f"its config.json is not hf_model's ({cfg.hf.hf_model})")
+    changed = differences(ours, type(ours).from_dict(config))
+    if changed:
+        raise ValueError(f"its config.json is not the run's model's: {'; '.join(changed)}")
     found = {}
     for key in model_names:
         name = key.removeprefix(PREFIX)
         candidate = next((c for c in (name, name.partition(".")[2]) if c in names), None)
         if candidate is not None:
             found[key] = spec.HFName(candidate)
-    return found if len(found) == len(model_names) else None
+    if len(found) != len(model_names):
+        return None
+    unused = unused_tensors(ours, set(names) - {hf.name for hf in found.values()})
+    if "lm_head.weight" in unused and ours.tie_word_embeddings:
+        raise ValueError(
+            "its files hold an output layer (lm_head.weight) that its config.json's "
+            "tie_word_embeddings=true replaces by the token embedding: set it to false if "
+            "the output layer is its own"
+        )
+    if unused:
+        raise ValueError(
+            f"{len(unused)} of its tensors are not in the model its config.json describes "
+            f"(e.g. more layers than num_hidden_layers): {', '.join(unused[:5])}"
+            + (" ..." if len(unused) > 5 else "")
+        )
+    return found
 
 
-def _settings(config) -> dict:
-    """A transformers config's settings, without where it was read from."""
-    return {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+def unused_tensors(config, names: Collection[str]) -> list[str]:
+    """The tensors among `names` that no model tensor reads, but those transformers' class
+    ignores too (GPT-2's causal mask buffers `attn.bias`, which older files carry)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    ignored = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]._keys_to_ignore_on_load_unexpected or ()
+    return sorted(n for n in names if not any(re.search(pattern, n) for pattern in ignored))
 
 
 def to_hf(cfg, info: DataInfo, state: dict) -> dict:
@@ -234,4 +333,5 @@ SPEC = spec.ModelSpec(
         from_hf=from_hf, to_hf=to_hf, config=lambda cfg, info: hf_config(cfg).to_dict()
     ),
     initial_weights=lambda cfg: cfg.hf.hf_model if cfg.hf.hf_weights == "pretrained" else None,
+    keep_files=keep_config,
 )

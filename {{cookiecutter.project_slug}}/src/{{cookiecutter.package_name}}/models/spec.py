@@ -22,6 +22,8 @@ from torch import nn
 from ..data.info import IGNORED
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..data.info import DataInfo
 
 
@@ -127,11 +129,13 @@ class HFName:
     """Where one of the model's tensors is among a Hugging Face model's: tensor `name`, stored
     transposed (GPT-2's Conv1D weights keep (in, out), nn.Linear (out, in)) or not; `padded`:
     the model's tensor may have more rows than the stored one, the rest are zeros (the GPT pads
-    its vocabulary)."""
+    its vocabulary); `cut`: the model's tensor may have fewer rows than the stored one, the
+    first are read (a GPT trained on shorter windows than GPT-2's position table)."""
 
     name: str
     transposed: bool = False
     padded: bool = False
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,10 @@ class ModelSpec:
     head(cfg, info): the names of the classifier head's tensors (their shapes follow the
         dataset's number of classes): `init_from=` a weights file made for other classes leaves
         them as built and loads the rest; None: every tensor must match.
+    keep_files(cfg, run_dir): at a run's start, on rank 0, before any checkpoint is read: a new
+        run copies the files that define its model into the run directory, a run that has them
+        refuses sources changed since (model=hf: hf_model's config.json); None: the config says
+        it all.
     """
 
     name: str
@@ -206,6 +214,7 @@ class ModelSpec:
     architecture: Callable[[Any, DataInfo], Any] | None = None
     head: Callable[[Any, DataInfo], Collection[str]] | None = None
     reads_vocab_size: bool = False
+    keep_files: Callable[[Any, Path], None] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo, example) -> float:
         """`example`: a batch of one sample of the run's data, run through a fresh copy of the

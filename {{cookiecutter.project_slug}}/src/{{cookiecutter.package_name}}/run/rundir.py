@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..config_keys import ConfigError
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
@@ -50,6 +53,20 @@ def reported(what: str) -> Iterator[None]:
         named = err.filename is not None and str(err.filename) in what
         cause = err.strerror or str(err) if named else os_error_text(err)
         raise RunDirError(f"{what}: {cause}") from None
+
+
+@contextmanager
+def removed_if_refused(run_dir: RunDir, is_main: bool) -> Iterator[None]:
+    """A run directory made inside (on rank 0) is removed again when the start is refused for
+    bad input (ConfigError, e.g. an init_from that is not the model) before any checkpoint: a
+    refused run leaves no empty run directory behind."""
+    new = is_main and not run_dir.path.exists()
+    try:
+        yield
+    except ConfigError:
+        if new and not any(run_dir.checkpoints.glob("step-*")):
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise
 
 
 @dataclass(frozen=True)
