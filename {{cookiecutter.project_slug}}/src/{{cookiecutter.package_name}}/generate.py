@@ -22,6 +22,7 @@ from .config_keys import first_line
 from .data.info import DataInfo, saved_data_info
 from .data.tokenizer import (
     check_run_tokenizer,
+    dataset_index,
     recorded_tokenizer_sha256,
     text_codec,
     tokenizer_file,
@@ -87,9 +88,11 @@ def stream(
     device: str = "auto",
     seed: int = 0,
     tokenizer: Path | None = None,
+    chat: bool = False,
 ) -> Iterator[str]:
     """The prompt, then the sampled text piece by piece as it is generated (one token at a
-    time: a caller that stops early, e.g. on Ctrl-C, keeps what it has)."""
+    time: a caller that stops early, e.g. on Ctrl-C, keeps what it has). `chat`: the prompt is
+    a user's message, given to the model in the chat template of its tokenizer."""
     check_arguments(prompt, n_tokens, temperature, top_k)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
@@ -114,6 +117,8 @@ def stream(
         check_run_tokenizer(cfg.dataset, info.fingerprint)
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
     check_codec(codec, info, cfg, tokenizer)
+    if chat:
+        prompt = chat_prompt(prompt, tokenizer or chat_tokenizer(cfg.dataset))
     ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
     shown = text = codec.decode(ids[0].tolist())
@@ -130,6 +135,21 @@ def stream(
             shown = ready
     if len(text) > len(shown) and text.startswith(shown):
         yield text[len(shown) :]
+
+
+def chat_tokenizer(dataset: str) -> Path:
+    """The tokenizer directory (with its chat template) saved in a chat dataset."""
+    recorded = dataset_index(Path(dataset)).get("tokenizer_file") or {}
+    return (Path(dataset) / recorded.get("name", "tokenizer.json")).parent
+
+
+def chat_prompt(message: str, tokenizer: Path) -> str:
+    """`message` as a user's turn in the chat template, up to where the answer starts."""
+    from .data.chat_writer import load_chat_tokenizer
+
+    turn = [{"role": "user", "content": message}]
+    chat = load_chat_tokenizer(tokenizer, None)
+    return chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
 
 
 def generate(run_dir: Path, prompt: str, n_tokens: int, *args, **kwargs) -> str:
