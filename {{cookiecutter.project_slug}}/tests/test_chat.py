@@ -200,8 +200,13 @@ def dataset(tokenizer_dir, tmp_path_factory) -> Path:
 
 
 def tiny_gpt(window: int) -> torch.nn.Module:
+    """Large weights: attention far from uniform, so a glance at another conversation shows."""
     torch.manual_seed(0)
-    return gpt.GPT(gpt.gpt_config("tiny", 258, n_embd=32, block_size=window)).eval()
+    model = gpt.GPT(gpt.gpt_config("tiny", 258, n_embd=32, block_size=window)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.3)
+    return model
 
 
 def tiny_llama(window: int) -> torch.nn.Module:
@@ -222,6 +227,8 @@ def test_the_loss_is_the_answers_cross_entropy_each_conversation_seen_alone(buil
     model = build(window)
     batch = batch_of(dataset, window, [0, 1, 2])
     loss_sum, count = LANGUAGE_MODEL.loss(model, batch)
+    with torch.no_grad():
+        packed = model(batch["inputs"], positions=batch["positions"])
     by_hand_sum, by_hand_count, documents = 0.0, 0, 0
     for row in range(3):
         positions = batch["positions"][row]
@@ -233,6 +240,7 @@ def test_the_loss_is_the_answers_cross_entropy_each_conversation_seen_alone(buil
             documents += 1
             with torch.no_grad():
                 logits = model(batch["inputs"][row : row + 1, start:end])[0]
+            torch.testing.assert_close(packed[row, start:end], logits, rtol=1e-4, atol=1e-4)
             log_p = F.log_softmax(logits.double(), -1)
             chosen = torch.nonzero(targets != -100).flatten()
             by_hand_sum -= log_p[chosen, targets[chosen]].sum().item()
