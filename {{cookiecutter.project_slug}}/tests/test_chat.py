@@ -131,6 +131,15 @@ def test_the_mask_selects_exactly_the_answers_in_every_record_style(tokenizer_di
             hand_ids, hand_mask = by_hand(raw, turns)
             assert ids.tolist() == [i for i in hand_ids]
             assert mask.tolist() == hand_mask, style
+    # parquet (read through datasets) gives what JSONL gives
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pyarrow.Table.from_pylist(styles["openai"]), tmp_path / "c.parquet")
+    write_chat_dataset(str(tmp_path / "c.parquet"), tokenizer_dir, tmp_path / "parquet")
+    for name in ("train-tokens.bin", "train-mask.bin", "val-lengths.bin"):
+        parquet = (tmp_path / "parquet" / name).read_bytes()
+        assert parquet == (tmp_path / "openai" / name).read_bytes()
     # the same input gives the same bytes; --train-on-prompt selects every token
     write_chat_dataset(str(tmp_path / "openai.jsonl"), tokenizer_dir, tmp_path / "again")
     for name in ("train-tokens.bin", "train-mask.bin", "val-lengths.bin", "index.json"):

@@ -22,7 +22,6 @@ from .config_keys import first_line
 from .data.info import DataInfo, saved_data_info
 from .data.tokenizer import (
     check_run_tokenizer,
-    dataset_index,
     recorded_tokenizer_sha256,
     text_codec,
     tokenizer_file,
@@ -118,7 +117,7 @@ def stream(
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
     check_codec(codec, info, cfg, tokenizer)
     if chat:
-        prompt = chat_prompt(prompt, tokenizer or chat_tokenizer(cfg.dataset))
+        prompt = chat_prompt(prompt, Path(tokenizer or tokenizer_file(cfg.dataset)))
     ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
     shown = text = codec.decode(ids[0].tolist())
@@ -137,18 +136,13 @@ def stream(
         yield text[len(shown) :]
 
 
-def chat_tokenizer(dataset: str) -> Path:
-    """The tokenizer directory (with its chat template) saved in a chat dataset."""
-    recorded = dataset_index(Path(dataset)).get("tokenizer_file") or {}
-    return (Path(dataset) / recorded.get("name", "tokenizer.json")).parent
-
-
 def chat_prompt(message: str, tokenizer: Path) -> str:
-    """`message` as a user's turn in the chat template, up to where the answer starts."""
+    """`message` as a user's turn in the chat template of the tokenizer (a directory, or the
+    one holding the tokenizer.json: a chat dataset's), up to where the answer starts."""
     from .data.chat_writer import load_chat_tokenizer
 
     turn = [{"role": "user", "content": message}]
-    chat = load_chat_tokenizer(tokenizer, None)
+    chat = load_chat_tokenizer(tokenizer if tokenizer.is_dir() else tokenizer.parent, None)
     return chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
 
 

@@ -10,7 +10,8 @@ A dataset directory (written by `make-dataset --chat`: chat_writer.py):
     train-mask.bin          one byte per token: 1 where the loss reads it (the answers)
     train-lengths.bin       each conversation's number of tokens (uint32): its boundaries
     val-*.bin               the same for every VAL_EVERY-th conversation
-    tokenizer/              the tokenizer with its chat template (generate --chat, export)
+    tokenizer.json, tokenizer_config.json, chat_template.jinja
+                            the tokenizer with its chat template (generate --chat, export)
 
 A training sample is a window of the model's context length: whole conversations in their
 order, packed until the next does not fit, the rest padding. Its inputs are the tokens, its

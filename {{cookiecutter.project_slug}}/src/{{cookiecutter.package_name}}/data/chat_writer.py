@@ -36,7 +36,6 @@ ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant"}
 SHAREGPT_ROLES["assistant"] = "assistant"
 RENDER_BATCH = 256  # conversations tokenised in one call of the tokenizer
-TOKENIZER_DIR = "tokenizer"  # the tokenizer and its chat template, saved in the dataset
 
 
 # --- reading conversations -------------------------------------------------------------------
@@ -333,9 +332,10 @@ def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterat
 
 
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:
-    """The tokenizer and its chat template, saved in the dataset (generate and export use it)."""
-    tokenizer.save_pretrained(directory / TOKENIZER_DIR)
-    name = f"{TOKENIZER_DIR}/tokenizer.json"
+    """The tokenizer and its chat template, saved in the dataset (tokenizer.json,
+    tokenizer_config.json, chat_template.jinja: generate and export read them there)."""
+    tokenizer.save_pretrained(directory)
+    name = "tokenizer.json"
     return {"name": name, "sha256": file_sha256(directory / name), "source": str(source)}
 
 
