@@ -29,12 +29,13 @@ from {{ cookiecutter.package_name }}.models.spec import LANGUAGE_MODEL  # noqa: 
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records  # noqa: E402
 from {{ cookiecutter.package_name }}.train import train_step  # noqa: E402
 
-# ChatML, the chat template of Qwen2's tokenizers, in short{% raw %}
+# ChatML, the chat template of Qwen2's tokenizers, in short; written with [ ] for Jinja's { }
+# (a generated file holds no Jinja delimiters: the template repository renders this one)
 CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
-){% endraw %}
+    "[% for m in messages %][[ '<|im_start|>' + m.role + '\\n' + m.content + "
+    "'<|im_end|>\\n' ]][% endfor %][% if add_generation_prompt %]"
+    "[[ '<|im_start|>assistant\\n' ]][% endif %]"
+).translate(str.maketrans("[]", "{}"))
 
 
 def char_tokenizer(path: Path, template: str | None = CHATML) -> Path:
