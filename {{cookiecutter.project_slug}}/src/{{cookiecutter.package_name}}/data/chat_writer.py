@@ -33,8 +33,7 @@ from .sources import DatasetSource
 from .tokens import MAX_VOCAB, DatasetError, file_sha256, token_dtype
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant"}
-SHAREGPT_ROLES["assistant"] = "assistant"
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", **ROLES}
 RENDER_BATCH = 256  # conversations tokenised in one call of the tokenizer
 
 
@@ -286,7 +285,7 @@ def write_chat_dataset(
     if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
         raise DatasetError(f"{out}: exists and is not a chat dataset; choose a new directory")
     tokenizer = load_chat_tokenizer(tokenizer_path, template_file)
-    vocab_size = len(tokenizer)
+    vocab_size = max(tokenizer.get_vocab().values()) + 1  # ids run from 0 to the largest
     if vocab_size > MAX_VOCAB:
         raise DatasetError(f"{tokenizer_path}: {vocab_size} ids, more than {MAX_VOCAB}")
     dtype = token_dtype(vocab_size)
