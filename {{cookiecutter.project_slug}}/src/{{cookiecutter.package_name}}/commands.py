@@ -198,7 +198,11 @@ def train_tokenizer(args: argparse.Namespace) -> int:
 
 def add_generate(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
-    cmd.add_argument("--prompt", default="\n", help="text to continue")
+    prompt = cmd.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="\n", help="text to continue")
+    prompt.add_argument(
+        "--chat", metavar="MESSAGE", help="a user's message, in the tokenizer's chat template"
+    )
     cmd.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
     cmd.add_argument("--temperature", type=float, default=0.8)
     cmd.add_argument("--top-k", type=int, default=200)
@@ -215,13 +219,14 @@ def generate(args: argparse.Namespace) -> int:
 
     pieces = stream(
         args.run,
-        args.prompt,
+        args.prompt if args.chat is None else args.chat,
         args.tokens,
         args.temperature,
         args.top_k,
         args.device,
         args.seed,
         args.tokenizer,
+        args.chat is not None,
     )
     printed = False
     try:

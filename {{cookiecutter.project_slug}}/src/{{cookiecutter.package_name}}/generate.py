@@ -87,9 +87,11 @@ def stream(
     device: str = "auto",
     seed: int = 0,
     tokenizer: Path | None = None,
+    chat: bool = False,
 ) -> Iterator[str]:
     """The prompt, then the sampled text piece by piece as it is generated (one token at a
-    time: a caller that stops early, e.g. on Ctrl-C, keeps what it has)."""
+    time: a caller that stops early, e.g. on Ctrl-C, keeps what it has). `chat`: the prompt is
+    a user's message, given to the model in the chat template of its tokenizer."""
     check_arguments(prompt, n_tokens, temperature, top_k)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
@@ -114,6 +116,8 @@ def stream(
         check_run_tokenizer(cfg.dataset, info.fingerprint)
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
     check_codec(codec, info, cfg, tokenizer)
+    if chat:
+        prompt = chat_prompt(prompt, Path(tokenizer or tokenizer_file(cfg.dataset)))
     ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
     shown = text = codec.decode(ids[0].tolist())
@@ -130,6 +134,16 @@ def stream(
             shown = ready
     if len(text) > len(shown) and text.startswith(shown):
         yield text[len(shown) :]
+
+
+def chat_prompt(message: str, tokenizer: Path) -> str:
+    """`message` as a user's turn in the chat template of the tokenizer (a directory, or the
+    one holding the tokenizer.json: a chat dataset's), up to where the answer starts."""
+    from .data.chat_writer import load_chat_tokenizer
+
+    turn = [{"role": "user", "content": message}]
+    chat = load_chat_tokenizer(tokenizer if tokenizer.is_dir() else tokenizer.parent, None)
+    return chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
 
 
 def generate(run_dir: Path, prompt: str, n_tokens: int, *args, **kwargs) -> str:

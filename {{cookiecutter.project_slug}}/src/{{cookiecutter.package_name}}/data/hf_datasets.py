@@ -324,10 +324,14 @@ def add_arguments(make, source) -> None:
         help="GPT: a Hugging Face dataset: hub name, data file, or folder of parquet/JSONL/arrow "
         "files (needs --tokenizer and the [data] extra)",
     )
-    make.add_argument("--split", default="train", help="with --hf: the split (default: train)")
+    make.add_argument(
+        "--split", default="train", help="with --hf, --chat: the split (default: train)"
+    )
     make.add_argument("--column", default="text", help="with --hf: the text column (default: text)")
     make.add_argument(
-        "--tokenizer", type=Path, help="with --hf: a tokenizer.json or a directory holding one"
+        "--tokenizer",
+        type=Path,
+        help="with --hf: a tokenizer.json or a directory holding one; with --chat: the directory",
     )
     make.add_argument(
         "--workers",

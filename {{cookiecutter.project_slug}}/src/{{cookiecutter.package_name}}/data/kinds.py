@@ -28,6 +28,7 @@ KIND_MODULES = (
     "tokens",  # token shards for language models (make-dataset --stdlib/--text/--tokens/--hf)
     "arrays",  # feature vectors and labels for the classifier example (make-dataset --x/--y)
     "images",  # encoded images packed into shards for vision models (make-dataset --images)
+    "chat",  # conversations with a loss mask on the answers, packed (make-dataset --chat)
 )
 
 

@@ -19,6 +19,7 @@ SOURCE_MODULES = (
     "shards",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
     "hf_datasets",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
     "image_writer",  # --images: an ImageFolder packed into shards (the [vision] extra)
+    "chat_writer",  # --chat: conversations rendered with a chat template (the [hf] extra)
 )
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ..config_keys import first_line, optional_import
 from ..run.atomic import atomic_write
+from .chat import FORMAT as CHAT_FORMAT
+from .chat import read_chat_index
 from .shards import describe
 from .tokens import (
     BYTE_VOCAB,
@@ -171,13 +173,22 @@ class TextCodec:
         return decode_bytes(ids) if self.tokenizer is None else decode(self.tokenizer, ids)
 
 
+def dataset_index(directory: Path) -> dict:
+    """index.json of a token or a chat dataset: both record their tokenizer alike."""
+    try:
+        found = json.loads((directory / "index.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        found = None  # read_index names the problem
+    return read_chat_index(directory) if found == CHAT_FORMAT else read_index(directory)
+
+
 def recorded_tokenizer_sha256(dataset: str) -> str | None:
     """The sha256 of the tokenizer.json a dataset was made with; None for bytes (or when the
     dataset is not here to say)."""
     directory = Path(dataset)
     if dataset == "synthetic" or not (directory / "index.json").is_file():
         return None
-    recorded = read_index(directory).get("tokenizer_file") or {}
+    recorded = dataset_index(directory).get("tokenizer_file") or {}
     return recorded.get("sha256")
 
 
@@ -188,7 +199,7 @@ def check_run_tokenizer(dataset: str, fingerprint: str) -> None:
     directory = Path(dataset)
     if dataset == "synthetic" or not (directory / "index.json").is_file():
         return
-    index = read_index(directory)
+    index = dataset_index(directory)
     if index.get("tokenizer_file") and index.get("fingerprint") != fingerprint:
         raise DatasetError(
             f"{dataset} no longer holds the data the run trained on (fingerprint "
@@ -259,7 +270,7 @@ def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: in
         return TextCodec()
     if dataset == "synthetic":
         return TextCodec()
-    index = read_index(directory)
+    index = dataset_index(directory)
     recorded = index.get("tokenizer_file")
     if index.get("tokenizer") != "huggingface" or not recorded:
         return TextCodec()

@@ -100,14 +100,20 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, heads, T, head size)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # Flash attention on Hopper GPUs; is_causal: position t attends to positions <= t only.
+        # `mask` (packed documents, see document_mask) is causal within each document.
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -135,9 +141,19 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) boolean attention mask of packed documents whose `positions` (B, T) restart
+    at 0 with each: token t attends to the tokens s <= t of its own document."""
+    document = (positions == 0).cumsum(dim=1)
+    same = document[:, :, None] == document[:, None, :]
+    T = positions.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
+    return (same & causal)[:, None]
 
 
 class GPT(nn.Module):
@@ -170,17 +186,23 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions` (B, T): of packed documents, restarting at 0 with each (data/chat.py);
+        None: one sequence, 0 to T - 1, with the plain causal mask."""
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(
                 f"sequence of {T} tokens is longer than the model's block_size "
                 f"{self.config.block_size}"
             )
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        mask = None
+        if positions is None:
+            positions = torch.arange(T, device=idx.device)
+        else:
+            mask = document_mask(positions)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         # the matmul over every row (a multiple of 64 is faster), the padding rows' logits cut
         return self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]
 
@@ -281,7 +303,7 @@ def describe(cfg) -> str:
 SPEC = spec.ModelSpec(
     name="gpt",
     task=spec.LANGUAGE_MODEL,
-    reads=("tokens",),
+    reads=("tokens", "chat"),
     build=lambda cfg, info: GPT(config_of(cfg, info)),
     keys=GPTKeys,
     context_length=lambda cfg: config_of(cfg).block_size,

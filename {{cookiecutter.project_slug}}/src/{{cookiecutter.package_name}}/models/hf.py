@@ -165,8 +165,11 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.hf = model
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.hf(input_ids=idx, use_cache=False).logits
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`positions` (B, T): of packed documents, restarting at 0 with each (data/chat.py).
+        transformers then keeps attention inside each (it finds the documents where the
+        positions do not rise by 1, with no attention mask given)."""
+        return self.hf(input_ids=idx, position_ids=positions, use_cache=False).logits
 
 
 def build(cfg, info: DataInfo) -> HFCausalLM:
@@ -321,7 +324,7 @@ def to_hf(cfg, info: DataInfo, state: dict) -> dict:
 SPEC = spec.ModelSpec(
     name="hf",
     task=spec.LANGUAGE_MODEL,
-    reads=("tokens",),
+    reads=("tokens", "chat"),
     build=build,
     keys=HFKeys,
     context_length=lambda cfg: cfg.hf.hf_context_length,

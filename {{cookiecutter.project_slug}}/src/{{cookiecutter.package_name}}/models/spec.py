@@ -44,7 +44,10 @@ class Task:
 
     name: shown in the start line ("language model", "classifier").
     unit: what throughput counts, `<unit>_per_s` in the metrics ("tokens", "images", "samples").
-    loss(model, batch): the batch's mean loss, a scalar tensor (the training objective).
+    loss(model, batch): the batch's mean loss, a scalar tensor (the training objective); or a
+        pair (summed loss, count of what it sums): the step then divides the gradients by the
+        count over every micro-batch and rank, so the loss is the mean over the global batch
+        however it is split (the language model on packed conversations: the answers' tokens).
     scores(model, batch): sums over one validation batch, scalar tensors: "loss" (the summed
         loss), "count" (what it is summed over) and any other sums `report` needs.
     report(sums): the evaluation record's fields, from the sums over every batch and rank.
@@ -71,8 +74,29 @@ def _count(target: torch.Tensor) -> torch.Tensor:
 
 
 def _next_token_scores(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    if isinstance(batch, dict):  # packed conversations: the answers' tokens only
+        loss, count = masked_next_token_loss(model, batch)
+        return {"loss": loss, "count": count, "answer_tokens": count}
     x, y = batch
     return {"loss": cross_entropy(model(x), y, "sum"), "count": _count(y)}
+
+
+def masked_next_token_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross entropy, number of targets) of packed conversations (data/chat.py): the
+    targets the mask left out are -100, which cross_entropy skips; `positions` restart at 0 with
+    each conversation, and the model keeps its attention inside each."""
+    logits = model(batch["inputs"], positions=batch["positions"])
+    targets = batch["targets"]
+    loss = F.cross_entropy(
+        logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
+    return loss, (targets != -100).sum().float()
+
+
+def _next_token_loss(model: nn.Module, batch):
+    if isinstance(batch, dict):
+        return masked_next_token_loss(model, batch)
+    return cross_entropy(model(batch[0]), batch[1])
 
 
 def _bits(loss: float) -> float:  # per token (= per byte for byte-level tokens)
@@ -81,13 +105,16 @@ def _bits(loss: float) -> float:  # per token (= per byte for byte-level tokens)
 
 def _language_model_report(sums: dict[str, float]) -> dict:
     loss = sums["loss"] / max(sums["count"], 1)
-    return {"eval_loss": loss, "eval_bits_per_token": _bits(loss)}
+    report = {"eval_loss": loss, "eval_bits_per_token": _bits(loss)}
+    if "answer_tokens" in sums:  # the loss on the answers of conversations
+        report.update(eval_perplexity=math.exp(loss), eval_answer_tokens=int(sums["count"]))
+    return report
 
 
 LANGUAGE_MODEL = Task(
     name="language model",
     unit="tokens",
-    loss=lambda model, batch: cross_entropy(model(batch[0]), batch[1]),
+    loss=_next_token_loss,
     scores=_next_token_scores,
     report=_language_model_report,
     train_metrics=lambda loss: {"loss_bits_per_token": _bits(loss)},
@@ -237,7 +264,8 @@ def counted_flops(spec: ModelSpec, cfg, info: DataInfo, example) -> float:
 
     probe = spec.build(cfg, info).eval()  # batch norm refuses one sample in training mode
     with FlopCounterMode(display=False) as counter:
-        spec.task.loss(probe, example).backward()
+        loss = spec.task.loss(probe, example)
+        (loss[0] if isinstance(loss, tuple) else loss).backward()
     return float(counter.get_total_flops())
 
 

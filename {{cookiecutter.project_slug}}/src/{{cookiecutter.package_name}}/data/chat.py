@@ -1,0 +1,168 @@
+"""Chat datasets for instruction tuning: conversations as token ids with a loss mask that selects
+the assistant's tokens, packed into windows whose conversations never see each other.
+
+A dataset directory (written by `make-dataset --chat`: chat_writer.py):
+
+    index.json              format "chat/1", dtype, vocab_size, the tokenizer, max_length, the
+                            number of conversations truncated and dropped, the fingerprint, and
+                            for each split its files' sizes and sampled hashes
+    train-tokens.bin        every conversation's ids, one after the other (uint16 or uint32)
+    train-mask.bin          one byte per token: 1 where the loss reads it (the answers)
+    train-lengths.bin       each conversation's number of tokens (uint32): its boundaries
+    val-*.bin               the same for every VAL_EVERY-th conversation
+    tokenizer.json, tokenizer_config.json, chat_template.jinja
+                            the tokenizer with its chat template (generate --chat, export)
+
+A training sample is a window of the model's context length: whole conversations in their
+order, packed until the next does not fit, the rest padding. Its inputs are the tokens, its
+targets each token's successor where the mask selects it and IGNORE elsewhere (at the padding
+and at each conversation's last token: nothing of it follows), and its positions restart at 0 with
+each conversation, which is how the models see where one ends (document masking: no token
+attends to another conversation's). The windows are the epoch stream's samples (batches.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
+from .tokens import DTYPES, MAX_VOCAB, DatasetError, ShardFile, open_shard, sample_sha256
+
+FORMAT = "chat/1"
+MASK_DTYPE = np.dtype("u1")
+LENGTH_DTYPE = np.dtype("<u4")
+VAL_EVERY = 20  # every 20th conversation is a validation one (5%)
+IGNORE = -100  # a target the loss does not read (torch's cross_entropy ignore_index)
+SAMPLED_BLOCKS = 8  # blocks of each file hashed at write and checked at every open
+
+
+def file_names(split: str) -> dict[str, str]:
+    return {part: f"{split}-{part}.bin" for part in ("tokens", "mask", "lengths")}
+
+
+def sample_entry(path: Path) -> dict:
+    """A file's entry in index.json: its name, size and the sha256 of sampled blocks."""
+    size = path.stat().st_size
+    return {
+        "name": path.name,
+        "bytes": size,
+        "sample_sha256": sample_sha256(path, size, SAMPLED_BLOCKS),
+    }
+
+
+def read_chat_index(directory: Path) -> dict:
+    """index.json of a chat dataset, checked: each problem is one DatasetError line."""
+    path = Path(directory) / INDEX_FILE
+    try:
+        index = json.loads(path.read_text())
+        if index.get("format") != FORMAT or index.get("dtype") not in DTYPES:
+            raise DatasetError(f"{path}: not a {FORMAT} index (format {index.get('format')!r})")
+        for split in ("train", "val"):
+            int(index[split]["conversations"]), int(index[split]["max_id"])
+            for part in ("tokens", "mask", "lengths"):
+                entry = index[split]["files"][part]
+                str(entry["name"]), int(entry["bytes"]), str(entry["sample_sha256"])
+        vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
+    except DatasetError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        why = f"{type(err).__name__}: {err}"
+        raise DatasetError(f"{path}: unreadable or malformed ({why})") from None
+    if not 1 <= vocab_size <= MAX_VOCAB:
+        raise DatasetError(f"{path}: vocab_size {vocab_size} is not in 1 to {MAX_VOCAB}")
+    return index
+
+
+def open_file(directory: Path, entry: dict, dtype: np.dtype) -> ShardFile:
+    """One of a split's files, refused when missing, of another size, or changed."""
+    path = directory / entry["name"]
+    shard = open_shard(path, entry["bytes"] // dtype.itemsize, dtype)
+    if sample_sha256(path, entry["bytes"], SAMPLED_BLOCKS) != entry["sample_sha256"]:
+        raise DatasetError(
+            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
+            "index.json's); write the dataset again"
+        )
+    return shard
+
+
+def pack(lengths: np.ndarray, window: int) -> np.ndarray:
+    """Greedy packing in order: (first, stop) conversation ranges whose tokens fit `window`."""
+    ranges, first, used = [], 0, 0
+    for i, length in enumerate(lengths.tolist()):
+        if used + length > window:
+            ranges.append((first, i))
+            first, used = i, 0
+        used += length
+    ranges.append((first, len(lengths)))
+    return np.array(ranges, dtype=np.int64).reshape(-1, 2)
+
+
+def window_arrays(tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray, window: int):
+    """(inputs, targets, positions) of `window` slots for conversations laid end to end."""
+    used, tokens = len(tokens), tokens.astype(np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    inputs = np.zeros(window, np.int64)
+    inputs[:used] = tokens
+    targets = np.full(window, IGNORE, np.int64)
+    targets[: used - 1] = np.where(mask[1:] == 1, tokens[1:], IGNORE)
+    targets[ends - 1] = IGNORE  # a conversation's last token: the next one is another's
+    positions = np.arange(window, dtype=np.int64)
+    positions[:used] -= np.repeat(starts, lengths)
+    positions[used:] -= used  # the padding: one more document, that nothing reads
+    return inputs, targets, positions
+
+
+class ChatSplit(Dataset):
+    """A split's packed windows; item k is a dict of (window,) int64 tensors: inputs, targets,
+    positions."""
+
+    def __init__(self, tokens: ShardFile, mask: ShardFile, lengths: np.ndarray, window: int):
+        self.tokens, self.mask, self.lengths, self.window = tokens, mask, lengths, window
+        self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        self.ranges = pack(lengths, window)
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        first, stop = self.ranges[index]
+        start, end = self.offsets[first], self.offsets[stop]
+        span = np.array([start])
+        tokens = self.tokens.windows(span, end - start)[0]
+        mask = self.mask.windows(span, end - start)[0]
+        arrays = window_arrays(tokens, mask, self.lengths[first:stop], self.window)
+        names = ("inputs", "targets", "positions")
+        return {name: torch.from_numpy(a) for name, a in zip(names, arrays, strict=True)}
+
+
+def open_chat(directory: Path, cfg, spec) -> Splits:
+    """The train and validation windows of a chat dataset, packed to the model's context."""
+    directory = Path(directory)
+    index = read_chat_index(directory)
+    window = spec.context_length(cfg)
+    dtype = DTYPES[index["dtype"]]
+    splits = {}
+    for split in ("train", "val"):
+        files = index[split]["files"]
+        lengths = np.asarray(open_file(directory, files["lengths"], LENGTH_DTYPE), np.int64)
+        if int(index[split]["max_id"]) >= int(index["vocab_size"]):
+            raise DatasetError(f"{directory}: holds ids beyond its vocabulary; write it again")
+        if len(lengths) and int(lengths.max()) > window:
+            raise DatasetError(
+                f"{directory}: holds conversations of up to {int(lengths.max())} tokens, longer "
+                f"than the model's context of {window}; write it with --max-length {window}"
+            )
+        tokens = open_file(directory, files["tokens"], dtype)
+        mask = open_file(directory, files["mask"], MASK_DTYPE)
+        splits[split] = ChatSplit(tokens, mask, lengths, window)
+    info = DataInfo("chat", index["fingerprint"], vocab_size=int(index["vocab_size"]))
+    return Splits(train=splits["train"], val=splits["val"], info=info)
+
+
+KIND = DatasetKind(name="chat", format=FORMAT, open=open_chat)

@@ -1,0 +1,417 @@
+"""`make-dataset --chat SOURCE --tokenizer DIR`: conversations rendered with the tokenizer's chat
+template into a chat dataset (data/chat.py): token ids, a loss mask that selects the assistant's
+tokens, and the conversations' lengths.
+
+A conversation is a record with `messages` (OpenAI: `role`, `content`), `conversations`
+(ShareGPT: `from`, `value`) or `prompt` and `completion` columns. It is rendered as the model
+will see it at inference (`apply_chat_template`), and the assistant's tokens are found by
+rendering the conversation up to each assistant turn: the text before the turn (with the
+generation prompt: what a chat client sends) and the text through the turn's end. The tokens of
+the whole rendering that start between the two are the answer's, its end-of-turn token included.
+A template that renders earlier turns differently once later ones follow is refused.
+
+JSONL files are read here, line by line, so that a problem names its line; parquet files, folders
+and hub names through `datasets` (as `--hf`), a problem then naming the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..config_keys import first_line, optional_import
+from .chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names, sample_entry
+from .hf_datasets import open_source
+from .info import INDEX_FILE
+from .shards import publish, temporary_directory, write_json
+from .sources import DatasetSource
+from .tokens import MAX_VOCAB, DatasetError, file_sha256, token_dtype
+
+ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", **ROLES}
+RENDER_BATCH = 256  # conversations tokenised in one call of the tokenizer
+
+
+# --- reading conversations -------------------------------------------------------------------
+
+
+def records(source: str, split: str) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each conversation: `file:line` of a JSONL file, else `SOURCE record N`."""
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() == ".jsonl":
+        try:
+            with open(path, encoding="utf-8") as lines:
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError as err:
+                        raise DatasetError(f"{path}:{number}: not a JSON line ({err})") from None
+                    if not isinstance(record, dict):
+                        raise DatasetError(f"{path}:{number}: not a JSON object")
+                    yield f"{path}:{number}", record
+        except (OSError, UnicodeDecodeError) as err:
+            why = getattr(err, "strerror", None) or err
+            raise DatasetError(f"{path}: cannot read: {why}") from None
+        return
+    dataset, _ = open_source(source, split)
+    number = 0
+    try:
+        for record in dataset:
+            yield f"{source} record {number}", record
+            number += 1
+    except DatasetError:
+        raise
+    except Exception as err:  # a corrupt file, a lost connection
+        raise DatasetError(f"{source}: cannot read record {number}: {first_line(err)}") from None
+
+
+def messages_of(record: dict, where: str) -> list[dict]:
+    """The record's conversation as [{"role", "content"}], checked: an optional system message,
+    then user and assistant turns alternating, from a user turn; at least one answer."""
+    if "messages" in record:
+        turns = [
+            turn_of(m, "role", "content", ROLES, where) for m in listed(record, "messages", where)
+        ]
+    elif "conversations" in record:
+        turns = [
+            turn_of(m, "from", "value", SHAREGPT_ROLES, where)
+            for m in listed(record, "conversations", where)
+        ]
+    elif "prompt" in record and "completion" in record:
+        turns = [
+            {"role": "user", "content": record["prompt"]},
+            {"role": "assistant", "content": record["completion"]},
+        ]
+    else:
+        raise DatasetError(
+            f"{where}: no conversation: columns {sorted(record)}; expected messages (role, "
+            "content), conversations (from, value), or prompt and completion"
+        )
+    for turn in turns:
+        if not isinstance(turn["content"], str) or not turn["content"].strip():
+            raise DatasetError(f"{where}: a {turn['role']} message has empty or non-text content")
+    roles = [turn["role"] for turn in turns]
+    body = roles[1:] if roles[:1] == ["system"] else roles
+    expected = ["user", "assistant"] * len(body)
+    if body != expected[: len(body)]:
+        raise DatasetError(
+            f"{where}: roles out of order ({', '.join(roles)}); expected an optional system "
+            "message, then user and assistant turns alternating"
+        )
+    if "assistant" not in body:
+        raise DatasetError(f"{where}: the conversation has no assistant turn (nothing to learn)")
+    return turns
+
+
+def listed(record: dict, column: str, where: str) -> list:
+    value = record[column]
+    if not isinstance(value, list) or not value:
+        raise DatasetError(f"{where}: {column} is not a non-empty list of messages")
+    return value
+
+
+def turn_of(message, role_key: str, text_key: str, roles: dict, where: str) -> dict:
+    if not isinstance(message, dict) or role_key not in message or text_key not in message:
+        raise DatasetError(f"{where}: a message without {role_key!r} and {text_key!r}: {message!r}")
+    role = message[role_key]
+    if role not in roles:
+        raise DatasetError(f"{where}: unknown role {role!r}; accepted: {', '.join(roles)}")
+    return {"role": roles[role], "content": message[text_key]}
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def load_chat_tokenizer(path: Path, template_file: Path | None):
+    """A transformers tokenizer with a chat template: a tokenizer directory (tokenizer.json,
+    tokenizer_config.json, chat_template.jinja) or a tokenizer.json; `template_file` replaces
+    or provides the template."""
+    transformers = optional_import("transformers", "hf", "make-dataset --chat", DatasetError)
+    path = Path(path)
+    try:
+        if path.is_dir():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        elif path.is_file():
+            tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+        else:
+            raise DatasetError(f"{path}: no such tokenizer file or directory")
+    except DatasetError:
+        raise
+    except Exception as err:  # transformers' and the Rust side's many error types
+        raise DatasetError(f"{path}: not a readable tokenizer: {first_line(err)}") from None
+    if template_file is not None:
+        try:
+            tokenizer.chat_template = Path(template_file).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise DatasetError(f"{template_file}: cannot read: {err}") from None
+    if not tokenizer.chat_template:
+        raise DatasetError(
+            f"{path}: the tokenizer has no chat template; give one with --chat-template FILE "
+            "(a Jinja template, e.g. the chat_template.jinja of the model's instruct version)"
+        )
+    return tokenizer
+
+
+def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            turns, tokenize=False, add_generation_prompt=generation_prompt
+        )
+    except Exception as err:  # the template's own raise_exception, a Jinja error
+        raise DatasetError(
+            f"{where}: the chat template cannot render it: {first_line(err)}"
+        ) from None
+
+
+def answer_spans(tokenizer, turns: list[dict], text: str, where: str) -> list[tuple[int, int]]:
+    """The character spans of `text` (the whole conversation rendered) that the assistant writes:
+    from the end of the rendering up to its turn (with the generation prompt) to the end of the
+    rendering through its turn."""
+    spans = []
+    for i, turn in enumerate(turns):
+        if turn["role"] != "assistant":
+            continue
+        before = render(tokenizer, turns[:i], True, where)
+        through = render(tokenizer, turns[: i + 1], False, where)
+        if not (text.startswith(before) and text.startswith(through)) or through == before:
+            raise DatasetError(
+                f"{where}: the chat template renders earlier turns differently once later ones "
+                "follow, so the assistant's tokens cannot be found; use --chat-template FILE"
+            )
+        spans.append((len(before), len(through)))
+    return spans
+
+
+def selected_tokens(offsets: list, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token whose text starts inside one of the spans, else 0."""
+    starts = np.array([start for start, _ in offsets], dtype=np.int64)
+    mask = np.zeros(len(starts), dtype=MASK_DTYPE)
+    for begin, end in spans:
+        mask[(starts >= begin) & (starts < end)] = 1
+    return mask
+
+
+def encode_conversations(tokenizer, batch: list[tuple[str, list[dict]]], train_on_prompt: bool):
+    """(ids, mask) of each conversation of the batch."""
+    texts = [render(tokenizer, turns, False, where) for where, turns in batch]
+    spans = [answer_spans(tokenizer, t, text, w) for (w, t), text in zip(batch, texts, strict=True)]
+    try:
+        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    except Exception as err:
+        raise DatasetError(
+            f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
+        ) from None
+    for ids, offsets, answer in zip(
+        encoded["input_ids"], encoded["offset_mapping"], spans, strict=True
+    ):
+        mask = selected_tokens(offsets, answer)
+        if train_on_prompt:
+            mask[:] = 1
+        yield np.asarray(ids, dtype=np.int64), mask
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+class SplitWriter:
+    """One split's three files: tokens, mask (1: a token the loss reads), lengths."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype):
+        self.directory, self.split, self.dtype = directory, split, dtype
+        self.names = file_names(split)
+        self.handles = {part: open(directory / name, "wb") for part, name in self.names.items()}
+        self.conversations = self.tokens = self.targets = self.max_id = 0
+
+    def write(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        self.handles["tokens"].write(ids.astype(self.dtype).tobytes())
+        self.handles["mask"].write(mask.astype(MASK_DTYPE).tobytes())
+        self.handles["lengths"].write(np.array([len(ids)], LENGTH_DTYPE).tobytes())
+        self.conversations += 1
+        self.tokens += len(ids)
+        self.targets += int(mask[1:].sum())  # the first token has nothing before it
+        self.max_id = max(self.max_id, int(ids.max()))
+
+    def close(self) -> dict:
+        for handle in self.handles.values():
+            handle.close()
+        if not self.conversations:
+            raise DatasetError(
+                f"no {self.split} conversations: every {VAL_EVERY}th conversation is a "
+                f"validation one, so at least {VAL_EVERY} are needed"
+            )
+        files = {part: sample_entry(self.directory / name) for part, name in self.names.items()}
+        return {
+            "conversations": self.conversations,
+            "tokens": self.tokens,
+            "targets": self.targets,
+            "max_id": self.max_id,
+            "files": files,
+        }
+
+
+def fit(ids, mask, max_length: int, too_long: str, counts: dict):
+    """The conversation as the window takes it: whole, truncated, or None (dropped)."""
+    if len(ids) <= max_length:
+        return ids, mask
+    if too_long == "truncate" and mask[1:max_length].any():
+        counts["truncated"] += 1
+        return ids[:max_length], mask[:max_length]
+    counts["dropped"] += 1  # too long, or nothing of the answer left after truncation
+    return None
+
+
+def write_chat_dataset(
+    source: str,
+    tokenizer_path: Path,
+    out: Path,
+    split: str = "train",
+    template_file: Path | None = None,
+    train_on_prompt: bool = False,
+    too_long: str = "truncate",
+    max_length: int = 2048,
+) -> dict:
+    """Render, tokenise and write the conversations of `source` as a chat dataset at `out`
+    (written beside it and renamed at the end, as `shards.write_shards`)."""
+    out = Path(out)
+    if max_length < 2:
+        raise DatasetError(f"--max-length {max_length}: a conversation needs at least 2 tokens")
+    if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
+        raise DatasetError(f"{out}: exists and is not a chat dataset; choose a new directory")
+    tokenizer = load_chat_tokenizer(tokenizer_path, template_file)
+    vocab_size = max(tokenizer.get_vocab().values()) + 1  # ids run from 0 to the largest
+    if vocab_size > MAX_VOCAB:
+        raise DatasetError(f"{tokenizer_path}: {vocab_size} ids, more than {MAX_VOCAB}")
+    dtype = token_dtype(vocab_size)
+    tmp = temporary_directory(out)
+    counts = {"truncated": 0, "dropped": 0}
+    writers = {}
+    try:
+        writers = {name: SplitWriter(tmp, name, dtype) for name in ("train", "val")}
+        written = 0
+        for ids, mask in encoded(source, split, tokenizer, train_on_prompt):
+            kept = fit(ids, mask, max_length, too_long, counts)
+            if kept is not None:
+                written += 1
+                writers["val" if written % VAL_EVERY == 0 else "train"].write(*kept)
+        index = {"format": FORMAT, "dtype": dtype.name, "vocab_size": vocab_size}
+        index.update(tokenizer="huggingface", document_end=tokenizer.eos_token_id)
+        index["tokenizer_file"] = save_tokenizer(tokenizer, tmp, tokenizer_path)
+        index.update(max_length=max_length, train_on_prompt=train_on_prompt, **counts)
+        index["train"], index["val"] = writers["train"].close(), writers["val"].close()
+        index["fingerprint"] = fingerprint(tmp, index)
+        index["sources"] = [f"{source} (split {split})"]
+        write_json(tmp / INDEX_FILE, index)
+        return publish(tmp, out, index, "chat dataset", read_existing=read_json)
+    except OSError as err:
+        raise DatasetError(f"{err.filename or out}: {err.strerror or err}") from None
+    finally:
+        for writer in writers.values():
+            for handle in writer.handles.values():
+                handle.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterator:
+    """(ids, mask) of every conversation of the source, in its order."""
+    batch = []
+    for where, record in records(source, split):
+        batch.append((where, messages_of(record, where)))
+        if len(batch) == RENDER_BATCH:
+            yield from encode_conversations(tokenizer, batch, train_on_prompt)
+            batch = []
+    if batch:
+        yield from encode_conversations(tokenizer, batch, train_on_prompt)
+
+
+def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:
+    """The tokenizer and its chat template, saved in the dataset (tokenizer.json,
+    tokenizer_config.json, chat_template.jinja: generate and export read them there)."""
+    tokenizer.save_pretrained(directory)
+    name = "tokenizer.json"
+    return {"name": name, "sha256": file_sha256(directory / name), "source": str(source)}
+
+
+def fingerprint(directory: Path, index: dict) -> str:
+    """sha256 over the format, dtype, vocabulary, tokenizer and every file's bytes."""
+    header = f"{FORMAT} {index['dtype']} vocab_size={index['vocab_size']}\n"
+    header += f"tokenizer {index['tokenizer_file']['sha256']}\n"
+    digest = hashlib.sha256(header.encode())
+    for split in ("train", "val"):
+        for part, entry in index[split]["files"].items():
+            digest.update(f"{split} {part} {entry['bytes']}\n".encode())
+            with open(directory / entry["name"], "rb") as f:
+                while block := f.read(1 << 24):
+                    digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def read_json(directory: Path) -> dict:
+    try:
+        return json.loads((Path(directory) / INDEX_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{directory / INDEX_FILE}: unreadable: {err}") from None
+
+
+# --- command line (data/sources.py) ----------------------------------------------------------
+
+
+def add_arguments(make, source) -> None:
+    source.add_argument(
+        "--chat",
+        metavar="SOURCE",
+        help="conversations (messages, conversations or prompt/completion) as --hf reads them, "
+        "rendered with the --tokenizer's chat template; the loss reads the answers",
+    )
+    make.add_argument("--chat-template", type=Path, metavar="FILE", help="with --chat: a Jinja "
+                      "chat template for a tokenizer without one")  # fmt: skip
+    make.add_argument(
+        "--train-on-prompt", action="store_true", help="with --chat: the loss reads every token"
+    )
+    make.add_argument(
+        "--too-long",
+        choices=("truncate", "drop"),
+        default="truncate",
+        help="with --chat: conversations longer than --max-length (default: truncate)",
+    )
+    make.add_argument(
+        "--max-length",
+        type=int,
+        default=2048,
+        help="with --chat: tokens per conversation, at most the model's context (default 2048)",
+    )
+
+
+def make_dataset(args) -> dict:
+    if args.tokenizer is None:
+        raise DatasetError("make-dataset --chat needs --tokenizer (a tokenizer directory)")
+    return write_chat_dataset(
+        args.chat,
+        args.tokenizer,
+        args.out,
+        args.split,
+        args.chat_template,
+        args.train_on_prompt,
+        args.too_long,
+        args.max_length,
+    )
+
+
+def summary(index: dict, args) -> str:
+    train, val = index["train"], index["val"]
+    return (
+        f"wrote {train['conversations']} training and {val['conversations']} validation "
+        f"conversations ({train['tokens']} and {val['tokens']} tokens, {train['targets']} and "
+        f"{val['targets']} of them answers the loss reads; {index['truncated']} truncated, "
+        f"{index['dropped']} dropped, longer than {index['max_length']} tokens) to {args.out}; "
+        f"train with dataset={args.out}"
+    )
+
+
+SOURCES = (DatasetSource("--chat", add_arguments, make_dataset, summary),)
