@@ -353,6 +353,18 @@ def test_a_tiny_gpt_learns_to_reverse_the_prompt(tokenizer_dir, tmp_path, single
     shown = capsys.readouterr().out
     assert shown.startswith("<|im_start|>user\nabd<|im_end|>\n<|im_start|>assistant\n")
     assert "dba<|im_end|>" in shown
+    # the export's tokenizer renders a chat as the dataset did: transformers' chat pipeline and
+    # vLLM's chat endpoint read its template
+    export = ["export", f"run_dir={run_dir}", "--format", "hf", "--out", str(tmp_path / "hf")]
+    assert main(export) == 0
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    message = [{"role": "user", "content": "abd"}]
+    assert exported.apply_chat_template(message, tokenize=False) == (
+        transformers.AutoTokenizer.from_pretrained(tokenizer_dir).apply_chat_template(
+            message, tokenize=False
+        )
+    )
+    assert exported.eos_token == "<|im_end|>"
 
 
 BAD = {

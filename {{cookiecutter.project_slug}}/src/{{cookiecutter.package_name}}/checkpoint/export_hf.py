@@ -19,8 +19,13 @@ import torch
 from ..config.settings import saved_config
 from ..config_keys import ConfigError
 from ..data.info import saved_data_info
-from ..data.tokenizer import TOKENIZER_FILE, load_tokenizer, run_tokenizer_files, special_tokens
-from ..data.tokens import read_index
+from ..data.tokenizer import (
+    TOKENIZER_FILE,
+    dataset_index,
+    load_tokenizer,
+    run_tokenizer_files,
+    special_tokens,
+)
 from ..models import spec_of
 from . import hf_format
 from .export import check_outside_checkpoints, load_model_state
@@ -39,7 +44,7 @@ def export_hf(run_dir: Path, out: Path, max_shard_bytes: int = hf_format.MAX_SHA
     info = saved_data_info(values, run_dir)
     files = run_tokenizer_files(cfg.dataset, info.fingerprint)
     tokens = (
-        special_tokens(files, read_index(Path(cfg.dataset)).get("document_end")) if files else {}
+        special_tokens(files, dataset_index(Path(cfg.dataset)).get("document_end")) if files else {}
     )
     tensors = spec.hf.to_hf(cfg, info, state)
     config = spec.hf.config(cfg, info) | token_ids(files, tokens) | {"dtype": dtype_of(tensors)}

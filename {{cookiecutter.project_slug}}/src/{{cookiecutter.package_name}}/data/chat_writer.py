@@ -30,6 +30,7 @@ from .hf_datasets import open_source
 from .info import INDEX_FILE
 from .shards import publish, temporary_directory, write_json
 from .sources import DatasetSource
+from .tokenizer import COMPANION_FILES, tokenizer_file
 from .tokens import MAX_VOCAB, DatasetError, file_sha256, token_dtype
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
@@ -332,10 +333,25 @@ def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterat
 
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:
     """The tokenizer and its chat template, saved in the dataset (tokenizer.json,
-    tokenizer_config.json, chat_template.jinja: generate and export read them there)."""
+    tokenizer_config.json, chat_template.jinja: generate and export read them there) with the
+    source's generation defaults; each companion's sha256 recorded, as make-dataset --tokenizer
+    records them (export carries them, and refuses one changed since)."""
     tokenizer.save_pretrained(directory)
+    generation = tokenizer_file(source).parent / "generation_config.json"
+    if generation.is_file():
+        shutil.copyfile(generation, directory / generation.name)
     name = "tokenizer.json"
-    return {"name": name, "sha256": file_sha256(directory / name), "source": str(source)}
+    companions = {
+        companion: file_sha256(directory / companion)
+        for companion in COMPANION_FILES
+        if (directory / companion).is_file()
+    }
+    return {
+        "name": name,
+        "sha256": file_sha256(directory / name),
+        "source": str(source),
+        "companions": companions,
+    }
 
 
 def fingerprint(directory: Path, index: dict) -> str:

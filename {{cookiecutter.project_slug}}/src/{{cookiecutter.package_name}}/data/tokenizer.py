@@ -223,7 +223,7 @@ def run_tokenizer_files(dataset: str, fingerprint: str) -> dict[str, Path]:
     directory = Path(dataset)
     if dataset == "synthetic" or not (directory / "index.json").is_file():
         return {}
-    recorded = read_index(directory).get("tokenizer_file")
+    recorded = dataset_index(directory).get("tokenizer_file")
     if not recorded:
         return {}
     files = {TOKENIZER_FILE: unchanged(directory / recorded["name"], recorded["sha256"])}
