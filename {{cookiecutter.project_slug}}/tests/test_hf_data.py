@@ -276,14 +276,18 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
     assert text.startswith("Dokument 3:") and "\ufffd" not in text
     assert len(text) > len("Dokument 3:") + 20  # 40 BPE tokens of text, not bytes
     assert set(text.replace("<|endoftext|>", "")) <= set("".join(docs))
-    # run elsewhere, the relative dataset path is gone: one line asks for the tokenizer
+    # run elsewhere: the run recorded its dataset's absolute path, so its tokenizer is found
     monkeypatch.chdir(root)
+    assert generate(tmp_path / "run", "Dokument 3:", 40, temperature=0, device="cpu") == text
+    # the dataset moved away: one line asks for the tokenizer
+    (tmp_path / "data").rename(tmp_path / "moved")
     with pytest.raises(DatasetError, match="pass --tokenizer PATH"):
         generate(tmp_path / "run", "Dokument", 5, device="cpu")
     again = generate(
         tmp_path / "run", "Dokument 3:", 40, temperature=0, device="cpu", tokenizer=bpe
     )
     assert again == text
+    (tmp_path / "moved").rename(tmp_path / "data")
     # the dataset directory remade (here: its fingerprint changed): its tokenizer may not be
     # the run's any more, so neither generate nor the HF export takes it on trust
     monkeypatch.chdir(tmp_path)
