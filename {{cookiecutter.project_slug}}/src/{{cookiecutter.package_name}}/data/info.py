@@ -52,7 +52,9 @@ class Splits:
     draw: optional, for a kind that draws its own training batches as a function of
         (seed, step, micro-step, rank, batch_size) instead of the epoch stream (token windows at
         random positions); `eval_batches(batch_size, rank, world, max_batches)` then gives its
-        validation batches.
+        validation batches. `draw_many(seed, keys, rank, batch_size)`, optional beside it: the
+        batches of several (step, micro) keys at once, equal to `draw`'s (the training process
+        reads its input ahead in such calls when it has no loader processes).
     nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
     """
 
@@ -63,6 +65,7 @@ class Splits:
     decodes: bool = False
     draw: Callable[[int, int, int, int, int], Any] | None = None
     eval_batches: Callable[[int, int, int, int], list] | None = None
+    draw_many: Callable[[int, list[tuple[int, int]], int, int], list] | None = None
     nbytes: int = 0
     to: Callable[[Any], None] | None = None
 
