@@ -51,7 +51,7 @@ from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config
 from .data.batches import DRAW_AHEAD_STEPS, map_tensors, resolve_num_workers
 from .data.plain_loader import PREFETCH_FACTOR, plain_batches, plain_training_set
-from .data.tokens import ShardFile, TokenDataset, open_tokens
+from .data.tokens import ShardFile, TokenDataset, synthetic_tokens
 from .distributed import DistEnv
 from .optim import make_optimizer
 from .train import build, input_pipeline, parallel, train_step
@@ -153,11 +153,18 @@ def read_windows(
     return x, y
 
 
+def token_dataset(cfg: Config) -> TokenDataset:
+    """The run's token dataset, opened again for the inline loop."""
+    if cfg.dataset == "synthetic":
+        return synthetic_tokens(cfg)
+    return TokenDataset.open(Path(cfg.dataset))
+
+
 def inline_loop(run) -> Baseline:
     """The bare loop reading each micro-batch inline from the run's token shards (read_windows),
     the same steps' windows as the package, copied to the device as nanoGPT does."""
     cfg, device = run.cfg, run.device
-    dataset, block = open_tokens(cfg), run.spec.context_length(cfg)
+    dataset, block = token_dataset(cfg), run.spec.context_length(cfg)
     model = fresh_model(run)
     optimizer = make_optimizer(model, cfg, device)
     steps = count(run.state.step)

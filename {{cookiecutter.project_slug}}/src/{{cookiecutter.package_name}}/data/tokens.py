@@ -255,9 +255,8 @@ class TokenDataset:
     def train_batches(
         self, seed: int, keys: list[tuple[int, int]], rank: int, batch_size: int, block_size: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`train_batch` of each (step, micro) of `keys`, gathered at once: the same tensors for
-        a fixed cost per call instead of per micro-batch (after a training step the caches are
-        cold, and each numpy call of a draw then costs about ten times its warm time)."""
+        """`train_batch` of each (step, micro) of `keys`, gathered at once (data/batches.py,
+        DRAW_AHEAD_STEPS: a draw's fixed cost paid once per call)."""
         starts = self.many_window_starts(seed, keys, rank, batch_size, block_size)
         x, y = split_window(gather(self.train, starts, block_size + 1, self.vocab_size))
         return list(zip(x.split(batch_size), y.split(batch_size), strict=True))
@@ -417,16 +416,8 @@ def split_window(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 # --- the kind of dataset (data/kinds.py) ------------------------------------------------------
 
 
-def synthetic_tokens(cfg) -> TokenDataset:
-    """dataset=synthetic's tokens for a run's config."""
+def synthetic_tokens(cfg) -> TokenDataset:  # dataset=synthetic
     return TokenDataset.synthetic(cfg.vocab_size or GPT2_VOCAB, SYNTHETIC_TOKENS, cfg.seed)
-
-
-def open_tokens(cfg) -> TokenDataset:
-    """The token dataset a run's config names (a make-dataset directory, or synthetic)."""
-    if cfg.dataset == "synthetic":
-        return synthetic_tokens(cfg)
-    return TokenDataset.open(Path(cfg.dataset))
 
 
 def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
