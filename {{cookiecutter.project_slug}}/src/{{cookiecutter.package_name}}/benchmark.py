@@ -56,10 +56,7 @@ from .distributed import DistEnv
 from .optim import make_optimizer
 from .train import build, input_pipeline, parallel, train_step
 
-# Steps per timed block; blocks of the loops alternate. Without loader processes the package
-# draws token windows DRAW_AHEAD_STEPS steps at a time: a block of as many steps holds exactly
-# one such draw, so its time per step is the true mean, not a median that skips the draws.
-BLOCK = DRAW_AHEAD_STEPS
+BLOCK = 5  # steps per timed block; blocks of the loops alternate
 
 # `benchmark --size large`: the 75M-parameter MLP whose input once stalled an H100.
 SIZES = {
@@ -236,6 +233,11 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     # While one loop runs, the other's loader fills its queue (PREFETCH_FACTOR batches per
     # process): blocks are long beside that, so most of their steps wait as in training.
     block = max(BLOCK, 4 * PREFETCH_FACTOR * workers) if decoded else BLOCK
+    if run.source.draw_many is not None:
+        # Token windows are drawn DRAW_AHEAD_STEPS steps at a time without loader processes: a
+        # block of as many steps holds exactly one draw, so its time per step is the true mean
+        # (a median of shorter blocks would skip the blocks that draw).
+        block = DRAW_AHEAD_STEPS
     blocks, warmup = max(1, cfg.bench_steps // block), max(cfg.bench_warmup, 1)
     _, inputs = input_pipeline(run, warmup + blocks * block + 2)
     baseline, inline = None, None
