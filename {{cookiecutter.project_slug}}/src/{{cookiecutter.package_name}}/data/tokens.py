@@ -233,14 +233,9 @@ class TokenDataset:
                 f"no train shard holds a window of block_size + 1 = {window} tokens "
                 f"(the longest has {max(len(s) for s in self.train)})"
             )
-        draws = np.concatenate(
-            [
-                np.random.default_rng([seed, step, rank, micro]).integers(
-                    0, counts.sum(), batch_size, dtype=np.int64
-                )
-                for step, micro in keys
-            ]
-        )
+        total = counts.sum()
+        rngs = [np.random.default_rng([seed, step, rank, micro]) for step, micro in keys]
+        draws = np.concatenate([rng.integers(0, total, batch_size, dtype=np.int64) for rng in rngs])
         shard = np.searchsorted(np.cumsum(counts), draws, side="right")
         shard_starts = np.cumsum([0] + [len(s) for s in self.train[:-1]], dtype=np.int64)
         valid_before = np.concatenate([[0], np.cumsum(counts)[:-1]])
