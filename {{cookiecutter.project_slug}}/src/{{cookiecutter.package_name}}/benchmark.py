@@ -400,10 +400,10 @@ def verdict(result: dict) -> str:
         )
     if "inline_ratio" in result:
         inline = result["inline_ratio"]
-        within = "within" if inline <= TARGET_INLINE_RATIO else "above"
+        meets = "meets" if inline <= TARGET_INLINE_RATIO else "misses"
         sentence += (
             f"; ratio {inline:.3f} against that loop reading each batch from the same shards "
-            f"inline, nanoGPT's way ({within} the target of {TARGET_INLINE_RATIO:.2f})"
+            f"inline, nanoGPT's way ({meets} its target of {TARGET_INLINE_RATIO:.2f})"
         )
     if "plain_data_wait_fraction" in result:
         sentence += (
