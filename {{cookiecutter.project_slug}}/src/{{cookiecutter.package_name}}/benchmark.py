@@ -3,7 +3,12 @@ model and batch size, in alternating blocks of steps; prints one JSON line.
 
 Which plain loop depends on the data (`"baseline"` in the line names it):
 - batches that are drawn or gathered from memory (token windows, arrays): a bare loop that does
-  the same math (autocast, loss, backward, clipping, AdamW) on one batch already on the device;
+  the same math (autocast, loss, backward, clipping, AdamW) on one batch already on the device:
+  it reads no data. Token windows are also compared with a second loop, `inline`: the bare loop
+  that reads each batch from the same shards inline, nanoGPT's way (its get_batch: the shards
+  memory-mapped at every batch, each window sliced, converted and stacked), the same windows
+  as the package's for each step; `inline_ratio` is the package's step over that one (goal:
+  <= 1.00: the package reads its input no slower than the simplest loop that reads any);
 - samples that are decoded (`Splits.decodes`: images): torchvision's reference train.py written
   plainly (data/plain_loader.py): a DataLoader with a DistributedSampler and as many loader
   processes over the same images with the same transforms, DDP over several ranks, and the same
@@ -34,21 +39,24 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed
 from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config
-from .data.batches import map_tensors, resolve_num_workers
+from .data.batches import DRAW_AHEAD_STEPS, map_tensors, resolve_num_workers
 from .data.plain_loader import PREFETCH_FACTOR, plain_batches, plain_training_set
+from .data.tokens import ShardFile, TokenDataset, synthetic_tokens
 from .distributed import DistEnv
 from .optim import make_optimizer
 from .train import build, input_pipeline, parallel, train_step
 
-BLOCK = 5  # steps per timed block; blocks of the two loops alternate
+BLOCK = 5  # steps per timed block; blocks of the loops alternate
 
 # `benchmark --size large`: the 75M-parameter MLP whose input once stalled an H100.
 SIZES = {
@@ -118,7 +126,64 @@ def bare_loop(run, batch) -> Baseline:
             loss.backward()
         optimizer_step(model, optimizer, cfg)
 
-    return Baseline("bare", "bare: one batch already on the device", step)
+    return Baseline("bare", "bare: one batch already on the device, no data read", step)
+
+
+def read_windows(
+    dataset: TokenDataset, seed: int, step: int, micro: int, rank: int, batch_size: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's get_batch over the package's windows of (seed, step, micro, rank): the shards
+    memory-mapped again at every batch (as nanoGPT does, against a memory leak), each window of
+    block + 1 tokens sliced from its shard, converted to int64 and stacked."""
+    shards = [
+        np.memmap(s.path, dtype=s.dtype, mode="r") if isinstance(s, ShardFile) else s
+        for s in dataset.train
+    ]
+    ends = np.cumsum([len(s) for s in shards])
+    rows = []
+    for start in dataset.window_starts(seed, step, micro, rank, batch_size, block).tolist():
+        shard = int(np.searchsorted(ends, start, side="right"))
+        local = start - int(ends[shard]) + len(shards[shard])
+        rows.append(shards[shard][local : local + block + 1])
+    x = torch.stack([torch.from_numpy(row[:-1].astype(np.int64)) for row in rows])
+    y = torch.stack([torch.from_numpy(row[1:].astype(np.int64)) for row in rows])
+    return x, y
+
+
+def token_dataset(cfg: Config) -> TokenDataset:
+    """The run's token dataset, opened again for the inline loop."""
+    if cfg.dataset == "synthetic":
+        return synthetic_tokens(cfg)
+    return TokenDataset.open(Path(cfg.dataset))
+
+
+def inline_loop(run) -> Baseline:
+    """The bare loop reading each micro-batch inline from the run's token shards (read_windows),
+    the same steps' windows as the package, copied to the device as nanoGPT does."""
+    cfg, device = run.cfg, run.device
+    dataset, block = token_dataset(cfg), run.spec.context_length(cfg)
+    model = fresh_model(run)
+    optimizer = make_optimizer(model, cfg, device)
+    steps = count(run.state.step)
+
+    def to_device(t: torch.Tensor) -> torch.Tensor:
+        if device.type == "cuda":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t
+
+    def step():
+        number = next(steps)
+        for micro in range(cfg.grad_accum_steps):
+            x, y = read_windows(
+                dataset, cfg.seed, number, micro, run.env.rank, cfg.batch_size, block
+            )
+            with run.autocast():
+                loss = run.spec.task.loss(model, (to_device(x), to_device(y)))
+            (loss / cfg.grad_accum_steps).backward()
+        optimizer_step(model, optimizer, cfg)
+
+    description = "inline: each batch read from the same shards (np.memmap), nanoGPT's get_batch"
+    return Baseline("inline", description, step)
 
 
 def plain_loop(run, workers: int) -> Baseline:
@@ -168,24 +233,33 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     # While one loop runs, the other's loader fills its queue (PREFETCH_FACTOR batches per
     # process): blocks are long beside that, so most of their steps wait as in training.
     block = max(BLOCK, 4 * PREFETCH_FACTOR * workers) if decoded else BLOCK
+    if run.source.draw_many is not None:
+        # Token windows are drawn DRAW_AHEAD_STEPS steps at a time without loader processes: a
+        # block of as many steps holds exactly one draw, so its time per step is the true mean
+        # (a median of shorter blocks would skip the blocks that draw).
+        block = DRAW_AHEAD_STEPS
     blocks, warmup = max(1, cfg.bench_steps // block), max(cfg.bench_warmup, 1)
     _, inputs = input_pipeline(run, warmup + blocks * block + 2)
-    baseline = None
+    baseline, inline = None, None
     try:
+        # the inline loop draws the windows of the package's steps from here on
+        inline = inline_loop(run) if run.source.info.kind == "tokens" else None
         baseline = plain_loop(run, workers) if decoded else bare_loop(run, next(inputs))
 
         def package_step():
             train_step(run, inputs)
             run.state.step += 1
 
-        for step in (package_step, baseline.step):
+        loops = [package_step, baseline.step] + ([inline.step] if inline else [])
+        for step in loops:
             _block_time(step, device, warmup)
-        ours, theirs = [], []
+        times = [[] for _ in loops]
         wait_before = inputs.wait_s
         their_wait_before = baseline.wait_s() if baseline.wait_s else 0.0
-        for _ in range(blocks):  # alternating: noise hits both alike
-            ours.append(_block_time(package_step, device, block))
-            theirs.append(_block_time(baseline.step, device, block))
+        for _ in range(blocks):  # alternating: noise hits all alike
+            for step, taken in zip(loops, times, strict=True):
+                taken.append(_block_time(step, device, block))
+        ours, theirs = times[0], times[1]
         wait = inputs.wait_s - wait_before
         saves = measure_checkpoint(run, cfg) if wanted(cfg.bench_checkpoint, device) else {}
     finally:
@@ -214,6 +288,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         f"{other}_{units}_per_s": per_step / their_s,
         "ratio": ours_s / their_s,
         "data_wait_fraction": wait / (sum(ours) * block),
+        **inline_figures(inline, times[2:], ours_s, per_step, units),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
         **run.memory,  # host memory before the build and, when weights were loaded, after
     }
@@ -229,6 +304,19 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         result[f"{other}_mfu"] = run.flops_per_step / their_s / peak
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result | saves
+
+
+def inline_figures(inline: Baseline | None, times: list, ours_s: float, per_step, units) -> dict:
+    """The inline-reading loop's figures, when it ran (token windows)."""
+    if inline is None:
+        return {}
+    inline_s = statistics.median(times[0])
+    return {
+        "inline_baseline": inline.description,
+        "inline_step_median_s": inline_s,
+        f"inline_{units}_per_s": per_step / inline_s,
+        "inline_ratio": ours_s / inline_s,
+    }
 
 
 def wanted(setting: str, device: torch.device) -> bool:
@@ -276,12 +364,14 @@ def benchmark(cfg: Config) -> dict:
             on, off = (result, other) if cfg.compile else (other, result)
             loop = baseline_key(result)
             keys = ("train_step_median_s", f"{loop}_step_median_s", "ratio", "mfu", f"{loop}_mfu")
+            keys += ("inline_step_median_s", "inline_ratio")
             result["compile_on"] = {k: on[k] for k in keys if k in on}
             result["compile_off"] = {k: off[k] for k in keys if k in off}
     return result if env.is_main else {}
 
 
 TARGET_RATIO = 1.03  # the package's step at most 3% slower than a bare loop
+TARGET_INLINE_RATIO = 1.00  # and no slower than a loop that reads its batches inline
 
 
 def baseline_key(result: dict) -> str:
@@ -299,7 +389,7 @@ def verdict(result: dict) -> str:
             "same images, the same transforms, model, loss and optimizer)"
         )
     else:
-        than = "a bare PyTorch loop on the same model and batch"
+        than = "a bare PyTorch loop on the same model and batch that reads no data (it reuses one)"
     sentence = (
         f"ratio {ratio:.3f}: the package's training step is {slower} than {than} "
         f"({within} the target of {TARGET_RATIO})"
@@ -307,6 +397,13 @@ def verdict(result: dict) -> str:
     if ratio > TARGET_RATIO and result["device"] == "cpu":
         sentence += (
             "; on a CPU with a small model the fixed cost per step weighs more than on a GPU"
+        )
+    if "inline_ratio" in result:
+        inline = result["inline_ratio"]
+        meets = "meets" if inline <= TARGET_INLINE_RATIO else "misses"
+        sentence += (
+            f"; ratio {inline:.3f} against that loop reading each batch from the same shards "
+            f"inline, nanoGPT's way ({meets} its target of {TARGET_INLINE_RATIO:.2f})"
         )
     if "plain_data_wait_fraction" in result:
         sentence += (

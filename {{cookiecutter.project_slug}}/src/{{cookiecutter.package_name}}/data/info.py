@@ -55,7 +55,10 @@ class Splits:
     e.g. "windows"; default "samples") and `scheme` (how the split is cut, in words).
     draw: optional, for a kind that draws its own training batches as a function of
         (seed, step, micro-step, rank, batch_size) instead of the epoch stream (token windows at
-        random positions); `train` is then None.
+        random positions); `train` is then None. `draw_many(seed, keys, rank, batch_size)`,
+        optional beside it: the batches of several (step, micro) keys at once, equal to `draw`'s
+        (the training process reads its input ahead in such calls when it has no loader
+        processes).
     nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
     files: the dataset's files by path, each with the sha256 make-dataset recorded for it: a
         training start reads them in full, every rank its share (kinds.verify_files).
@@ -67,6 +70,7 @@ class Splits:
     collate: Callable[[list], Any] = default_collate
     decodes: bool = False
     draw: Callable[[int, int, int, int, int], Any] | None = None
+    draw_many: Callable[[int, list[tuple[int, int]], int, int], list] | None = None
     nbytes: int = 0
     to: Callable[[Any], None] | None = None
     files: dict[Path, str] = field(default_factory=dict)

@@ -235,6 +235,12 @@ class TokenDataset:
         """`batch_size` random start positions (int64, in the concatenated train split) of
         windows of block_size + 1 tokens, each inside one shard. A function of (seed, step, rank,
         micro) only: uniform over all such windows, drawn with replacement."""
+        return self.many_window_starts(seed, [(step, micro)], rank, batch_size, block_size)
+
+    def many_window_starts(
+        self, seed: int, keys: list[tuple[int, int]], rank: int, batch_size: int, block_size: int
+    ) -> np.ndarray:
+        """`window_starts` of each (step, micro) of `keys`, one after the other."""
         window = block_size + 1
         counts = np.array([max(len(s) - window + 1, 0) for s in self.train], dtype=np.int64)
         if counts.sum() == 0:
@@ -242,8 +248,9 @@ class TokenDataset:
                 f"no train shard holds a window of block_size + 1 = {window} tokens "
                 f"(the longest has {max(len(s) for s in self.train)})"
             )
-        rng = np.random.default_rng([seed, step, rank, micro])
-        draws = rng.integers(0, counts.sum(), batch_size, dtype=np.int64)
+        total = counts.sum()
+        rngs = [np.random.default_rng([seed, step, rank, micro]) for step, micro in keys]
+        draws = np.concatenate([rng.integers(0, total, batch_size, dtype=np.int64) for rng in rngs])
         shard = np.searchsorted(np.cumsum(counts), draws, side="right")
         shard_starts = np.cumsum([0] + [len(s) for s in self.train[:-1]], dtype=np.int64)
         valid_before = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -253,9 +260,16 @@ class TokenDataset:
         self, seed: int, step: int, micro: int, rank: int, batch_size: int, block_size: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and targets y, CPU int64 (batch_size, block_size): y is x shifted by one."""
-        starts = self.window_starts(seed, step, micro, rank, batch_size, block_size)
-        windows = gather(self.train, starts, block_size + 1, self.vocab_size)
-        return split_window(windows)
+        return self.train_batches(seed, [(step, micro)], rank, batch_size, block_size)[0]
+
+    def train_batches(
+        self, seed: int, keys: list[tuple[int, int]], rank: int, batch_size: int, block_size: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`train_batch` of each (step, micro) of `keys`, gathered at once (data/batches.py,
+        DRAW_AHEAD_STEPS: a draw's fixed cost paid once per call)."""
+        starts = self.many_window_starts(seed, keys, rank, batch_size, block_size)
+        x, y = split_window(gather(self.train, starts, block_size + 1, self.vocab_size))
+        return list(zip(x.split(batch_size), y.split(batch_size), strict=True))
 
 
 class ShardFile:
@@ -393,6 +407,10 @@ def tokenizer_identity(details: dict) -> str | None:
     return f"{kind} sha256:{digest}" if digest else None
 
 
+def synthetic_tokens(cfg) -> TokenDataset:  # dataset=synthetic
+    return TokenDataset.synthetic(cfg.vocab_size or GPT2_VOCAB, SYNTHETIC_TOKENS, cfg.seed)
+
+
 def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     """Windows of the model's context length + 1 tokens, drawn at random positions as a function
     of (seed, step, micro-step, rank); validation windows tile the val split. The model's info
@@ -413,6 +431,9 @@ def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
             seed, step, micro, rank, batch_size, block
         ),
         files=dataset.digests,
+        draw_many=lambda seed, keys, rank, batch_size: dataset.train_batches(
+            seed, keys, rank, batch_size, block
+        ),
     )
 
 
@@ -420,7 +441,5 @@ KIND = DatasetKind(
     name="tokens",
     format=FORMAT,
     open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
-    synthetic=lambda cfg, spec: token_splits(
-        TokenDataset.synthetic(cfg.vocab_size or GPT2_VOCAB, SYNTHETIC_TOKENS, cfg.seed), cfg, spec
-    ),
+    synthetic=lambda cfg, spec: token_splits(synthetic_tokens(cfg), cfg, spec),
 )

@@ -1,0 +1,92 @@
+"""`benchmark` on token windows: the package's step against the bare loop (one batch, no data
+read) and against the loop that reads each batch inline from the same shards (nanoGPT's
+get_batch); and the package's own inline input, which draws several steps' windows at once."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+
+from alps_torch_project import benchmark
+from alps_torch_project.cli import main
+from alps_torch_project.config.settings import load_config
+from alps_torch_project.data import batches as data
+from alps_torch_project.data import shards
+from alps_torch_project.data.kinds import open_splits
+from alps_torch_project.data.tokens import TokenDataset
+from alps_torch_project.models import spec_of
+
+
+@pytest.fixture(scope="module")
+def token_shards(tmp_path_factory):
+    """30,000 byte tokens (i % 251: windows at different positions differ) in shards of 4096."""
+    root = tmp_path_factory.mktemp("bench-tokens")
+    np.save(root / "ids.npy", np.arange(30000) % 251)
+    shards.write_token_dataset(
+        root / "ids.npy", 256, root / "ds", shard_tokens=4096, min_val_tokens=2000
+    )
+    return root / "ds"
+
+
+def tokens_run(dataset, *extra):
+    cfg = load_config(None, [*TINY, f"dataset={dataset}", *extra]).config
+    return cfg, open_splits(cfg, spec_of(cfg))
+
+
+def test_the_inline_loop_reads_the_packages_windows_from_the_shards(token_shards, tmp_path):
+    cfg, source = tokens_run(token_shards)
+    copy = tmp_path / "ds"
+    shutil.copytree(token_shards, copy)
+    dataset = TokenDataset.open(copy)
+    for step, micro in ((0, 0), (3, 1), (17, 0)):
+        x, y = benchmark.read_windows(dataset, cfg.seed, step, micro, 0, cfg.batch_size, 32)
+        expected = source.draw(cfg.seed, step, micro, 0, cfg.batch_size)
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+    # It reads the files at every batch: other tokens on disk are other batches, and a shard
+    # gone is an error (its windows are not held in memory).
+    for shard in copy.glob("train-*.bin"):
+        shard.write_bytes(np.zeros(len(np.fromfile(shard, np.uint16)), np.uint16).tobytes())
+    x, _ = benchmark.read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
+    assert not x.any()
+    next(copy.glob("train-*.bin")).unlink()
+    with pytest.raises(FileNotFoundError):
+        benchmark.read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
+
+
+def test_the_benchmark_compares_token_runs_with_the_inline_loop_too(
+    token_shards, single_process, capsys
+):
+    argv = ["benchmark", *TINY, f"dataset={token_shards}", "bench_warmup=1", "bench_steps=10"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["baseline"].startswith("bare:") and "no data read" in result["baseline"]
+    assert "np.memmap" in result["inline_baseline"]
+    assert result["inline_step_median_s"] > 0 and result["inline_tokens_per_s"] > 0
+    inline = result["train_step_median_s"] / result["inline_step_median_s"]
+    assert result["inline_ratio"] == pytest.approx(inline)
+    assert "a bare PyTorch loop on the same model and batch that reads no data" in err
+    sentence = f"ratio {result['inline_ratio']:.3f} against that loop reading each batch"
+    meets = "meets" if result["inline_ratio"] <= 1.0 else "misses"
+    assert sentence in err and f"nanoGPT's way ({meets} its target of 1.00)" in err
+
+
+def test_inline_input_draws_the_windows_of_several_steps_at_once(token_shards, monkeypatch):
+    """Without loader processes the micro-batches are those of one draw each, in the same order,
+    from any start step; the draws are made DRAW_AHEAD_STEPS steps at a time."""
+    cfg, source = tokens_run(token_shards)  # grad_accum_steps=2
+    calls = []
+    draw_many = source.draw_many
+    monkeypatch.setattr(source, "draw_many", lambda *a: calls.append(a[1]) or draw_many(*a))
+    batches = data.StepBatches(source, cfg, 0, 1, start_step=3, samples_seen=0)
+    inline = list(data.micro_batches(batches, 26, workers=0, pin=False))
+    assert len(inline) == 23 * 2
+    for k, (x, y) in enumerate(inline):
+        step, micro = divmod(k, 2)
+        expected = source.draw(cfg.seed, 3 + step, micro, 0, cfg.batch_size)
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+    steps = data.DRAW_AHEAD_STEPS
+    assert [keys[0] for keys in calls] == [(3, 0), (3 + steps, 0), (3 + 2 * steps, 0)]
