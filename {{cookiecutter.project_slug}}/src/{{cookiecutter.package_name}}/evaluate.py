@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from . import checkpoint, distributed
-from .checkpoint import complete_checkpoints, read_checkpoint, verify
+from .checkpoint import complete_checkpoints, lora, read_checkpoint, verify
 from .config.settings import Config, load_config
 from .config_keys import ConfigError, split_assignment
 from .data import batches as data
@@ -69,9 +69,11 @@ def run_evaluation(cfg: Config) -> dict:
         manager = checkpoint.CheckpointManager(
             RunDir(cfg.run_dir).checkpoints, run.checkpoint_parts(), keep=cfg.keep_checkpoints
         )
+        lora.load_base(run.model, run.spec, cfg, run.source.info, None)  # a LoRA run's base
         step = manager.load_latest()
         if step is None:
             raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
+        lora.record_base(run.state.extra, cfg)  # refused if not the checkpoint's
         batches = data.eval_batches(
             run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
         )

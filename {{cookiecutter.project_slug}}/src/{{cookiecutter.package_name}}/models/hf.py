@@ -29,7 +29,7 @@ from torch import nn
 
 from ..config_keys import ConfigError, first_line, optional_import
 from ..config_keys import key as config_key  # `key` names tensors below
-from . import spec
+from . import lora, spec
 
 if TYPE_CHECKING:
     from ..data.info import DataInfo
@@ -100,7 +100,7 @@ def build(cfg, info: DataInfo) -> HFCausalLM:
         copy.deepcopy(config), attn_implementation="sdpa", dtype=torch.float32
     )
     model.config.use_cache = False
-    return HFCausalLM(model)
+    return HFCausalLM(lora.add_adapters(cfg, model))
 
 
 def check_vocab(config, info: DataInfo) -> None:
@@ -159,11 +159,12 @@ def check(cfg) -> None:
             "config key 'dropout' is not used by model=hf: the dropout rates are those of "
             "hf_model's config.json (e.g. resid_pdrop, attention_dropout); remove it"
         )
+    lora.check(cfg)
 
 
 @dataclass
-class HFKeys:
-    """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file)."""
+class HFKeys(lora.LoraKeys):
+    """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file), LoRA's with them."""
 
     hf_model: str = config_key(
         "", "a Hugging Face model directory (config.json, *.safetensors)", resume=True
@@ -198,7 +199,7 @@ def from_hf(
         raise ValueError(f"its config.json is not hf_model's ({cfg.hf.hf_model})")
     found = {}
     for key in model_names:
-        name = key.removeprefix(PREFIX)
+        name = lora.base_name(key.removeprefix(PREFIX))  # LoRA: `q_proj.base_layer.weight`
         candidate = next((c for c in (name, name.partition(".")[2]) if c in names), None)
         if candidate is not None:
             found[key] = spec.HFName(candidate)
