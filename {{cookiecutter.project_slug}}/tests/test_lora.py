@@ -42,9 +42,9 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
     """The run's model as train.build makes it and its base from hf_model: eight steps on one
     batch (learnt: the loss falls) move the adapters, no base tensor, and the optimizer holds
     the adapters only."""
-    from alps_torch_project import distributed, train
-    from alps_torch_project.checkpoint import lora
-    from alps_torch_project.config.settings import load_config
+    from {{ cookiecutter.package_name }} import distributed, train
+    from {{ cookiecutter.package_name }}.checkpoint import lora
+    from {{ cookiecutter.package_name }}.config.settings import load_config
 
     make_model("llama", tmp_path / "model")
     extra = ("lora_rank=4", "lr=1e-2", "min_lr=1e-2")
@@ -112,10 +112,10 @@ def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_p
 
 def package_logits(run_dir, ids):
     """The package's own model of the run (adapters unmerged), its base from hf_model."""
-    from alps_torch_project.checkpoint.export import load_model_state
-    from alps_torch_project.config.settings import saved_config
-    from alps_torch_project.data.info import saved_data_info
-    from alps_torch_project.models import spec_of
+    from {{ cookiecutter.package_name }}.checkpoint.export import load_model_state
+    from {{ cookiecutter.package_name }}.config.settings import saved_config
+    from {{ cookiecutter.package_name }}.data.info import saved_data_info
+    from {{ cookiecutter.package_name }}.models import spec_of
 
     values, adapters = load_model_state(run_dir, merge_adapters=False)
     cfg = saved_config(values)
@@ -129,11 +129,17 @@ def package_logits(run_dir, ids):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: Conv1D layers store W transposed
 def test_merged_export_in_transformers_and_adapter_export_in_peft(arch, tmp_path):
+    """Llama trained with DDP on two ranks, GPT-2 in one process."""
     make_model(arch, tmp_path / "model")
     run_dir = tmp_path / "run"
-    extra = ("lora_rank=4", "lora_alpha=8", "lr=1e-2", "min_lr=1e-2", "max_steps=4")
-    done = cli(*args(tmp_path / "model", run_dir, *extra, "checkpoint_every=4"))
-    assert done.returncode == 0, done.stderr[-2000:]
+    extra = ["lora_rank=4", "lora_alpha=8", "lr=1e-2", "min_lr=1e-2", "max_steps=4"]
+    train = args(tmp_path / "model", run_dir, *extra, "checkpoint_every=4")
+    if arch == "llama":
+        ranks = Ranks([*train, "parallelism=ddp"], tmp_path / "logs")
+        assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
+    else:
+        done = cli(*train)
+        assert done.returncode == 0, done.stderr[-2000:]
     for kind in ("hf", "peft"):
         done = cli("export", f"run_dir={run_dir}", "--format", kind, "--out", str(tmp_path / kind))
         assert done.returncode == 0, done.stderr[-2000:]
@@ -180,7 +186,7 @@ def test_bad_lora_settings_are_one_line(tmp_path, extra, expected):
 
 
 def test_without_peft_the_line_names_the_extra(tmp_path, monkeypatch):
-    from alps_torch_project.config.settings import ConfigError, load_config
+    from {{ cookiecutter.package_name }}.config.settings import ConfigError, load_config
 
     make_model("llama", tmp_path / "model")
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now fails

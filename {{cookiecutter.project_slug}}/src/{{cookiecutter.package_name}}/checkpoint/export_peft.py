@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config.settings import saved_config
 from ..config_keys import ConfigError
 from ..models import lora
-from ..models.hf import PREFIX
+from ..models.hf import PREFIX, hf_config
 from ..run.atomic import fsync, hidden_write_cause, temp_name
 from . import hf_format
 from .export import check_outside_checkpoints, load_model_state
@@ -37,7 +37,7 @@ def export_peft(run_dir: Path, out: Path) -> Path:
             "--format hf exports its model"
         )
     base = str(Path(cfg.hf.hf_model).expanduser().resolve())
-    config = lora.lora_config(cfg, base_model=base)
+    config = lora.lora_config(cfg, hf_config(cfg), base_model=base)
     config.inference_mode = True  # as PeftModel.save_pretrained records it
     tensors = {peft_name(name): t.contiguous() for name, t in state.items()}
     return write_adapter_dir(Path(out), config, tensors)

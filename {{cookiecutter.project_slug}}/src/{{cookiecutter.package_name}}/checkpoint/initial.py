@@ -37,8 +37,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError
+from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
-from . import hf_format, lora
+from . import hf_format
 from .integrity import MARKER, complete_checkpoints, verify
 
 log = logging.getLogger(__name__.split(".")[0])
@@ -124,7 +125,7 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
         )
     state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
     tied = tied_names(state)
-    skipped = tied.keys() | lora.init_adapters(state, cfg)  # LoRA's adapters: set, not read
+    skipped = tied.keys() | lora.init_adapters(state, cfg.seed)  # LoRA's adapters: set, not read
     expected = {k: tuple(v.shape) for k, v in state.items() if k not in skipped}
     names, stored = _name_map(spec, cfg, info, directory, expected)
     check_same_tensors(path, stored_shapes(names, stored, expected), expected)

@@ -17,9 +17,7 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import struct
-import zlib
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ from torch import nn
 from ..config_keys import ConfigError
 from ..models import lora
 from . import hf_format
+from .initial import load_initial_weights, open_initial
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -78,34 +77,12 @@ def record_base(extra: dict, cfg) -> None:
     extra["lora_base"] = current
 
 
-def init_adapters(state: dict, cfg) -> set[str]:
-    """Set the adapters' tensors in `state` (the model's, plain or FSDP-sharded) to their
-    initial values: A uniform as nn.Linear initialises (peft's default), B zeros. Each A is
-    drawn whole from a generator seeded by the run's seed and the tensor's name, and each rank
-    copies its rows: the same values for any number of ranks. Returns their names."""
-    from .initial import local_rows
-
-    names = {name for name in state if lora.is_adapter(name)}
-    with torch.no_grad():
-        for name in names:
-            local, start = local_rows(state[name])
-            value = torch.zeros(state[name].shape, dtype=local.dtype)
-            if ".lora_A." in name:
-                seed = zlib.crc32(name.encode()) ^ cfg.seed
-                generator = torch.Generator().manual_seed(seed)
-                nn.init.kaiming_uniform_(value, a=math.sqrt(5), generator=generator)
-            local.copy_(value[start : start + local.shape[0]])
-    return names
-
-
 def load_base(model: nn.Module, spec, cfg, info, initial) -> None:
     """A resumed LoRA run's (or an evaluation's) frozen base from hf_model, before the
     checkpoint's adapters load over it. Nothing for other runs, nor when `initial` is given
     (a new run: its initial weights are this base, loaded once)."""
     if not lora.enabled(cfg) or initial is not None:
         return
-    from .initial import load_initial_weights, open_initial
-
     load_initial_weights(model, spec, cfg, info, open_initial(cfg, spec))
 
 
@@ -117,11 +94,11 @@ def merged(extra: dict, state: dict) -> tuple[dict, dict]:
     (lora_rank 0); a base whose fingerprint is not the recorded one is refused. Other runs'
     as they are."""
     from ..config.settings import saved_config
-    from ..models.hf import PREFIX, transformers_module
+    from ..models.hf import PREFIX, hf_config, transformers_module
 
     values = extra.get("config", {})
-    own = values.get("hf")
-    if values.get("model") != "hf" or not isinstance(own, dict) or not own.get("lora_rank"):
+    own = values.get(str(values.get("model")))  # the model's own keys, LoRA's among them
+    if not isinstance(own, dict) or not own.get("lora_rank"):
         return values, state
     cfg = saved_config(values)
     current, saved = base_record(cfg), extra.get("lora_base") or {}
@@ -135,7 +112,7 @@ def merged(extra: dict, state: dict) -> tuple[dict, dict]:
         current["hf_model"], dtype=torch.float32, local_files_only=True
     )
     full = {PREFIX + name: t.detach() for name, t in base.state_dict().items()}
-    scale, transposed = lora.scale(cfg), lora.transposed(cfg)
+    scale, transposed = lora.scale(cfg), lora.transposed(hf_config(cfg))
     with torch.no_grad():
         for name in (n for n in state if ".lora_A." in n):
             layer = name.partition(".lora_A.")[0]
@@ -143,4 +120,4 @@ def merged(extra: dict, state: dict) -> tuple[dict, dict]:
             delta = scale * (b @ a)
             full[f"{layer}.weight"] += delta.T if transposed else delta
     plain = {k: v for k, v in own.items() if k not in lora.LoraKeys.__dataclass_fields__}
-    return values | {"hf": plain}, full
+    return values | {values["model"]: plain}, full

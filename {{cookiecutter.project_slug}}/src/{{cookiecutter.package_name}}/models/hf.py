@@ -159,7 +159,7 @@ def check(cfg) -> None:
             "config key 'dropout' is not used by model=hf: the dropout rates are those of "
             "hf_model's config.json (e.g. resid_pdrop, attention_dropout); remove it"
         )
-    lora.check(cfg)
+    lora.check(cfg, config)
 
 
 @dataclass

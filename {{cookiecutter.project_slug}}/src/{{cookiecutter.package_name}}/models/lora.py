@@ -11,12 +11,14 @@ peft is imported only when a run uses LoRA: it is the optional extra `[lora]`.
 from __future__ import annotations
 
 import copy
-import functools
+import math
+import re
+import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config_keys import ConfigError, key, optional_import
 
@@ -46,44 +48,47 @@ def peft_module():
 
 
 def enabled(cfg) -> bool:
-    """A LoRA run: its base is frozen and read from hf_model at every start."""
-    return cfg.model == "hf" and cfg.hf.lora_rank > 0
+    """A LoRA run (its model's keys are LoRA's too, and lora_rank > 0): its base is frozen and
+    read from hf_model at every start."""
+    return getattr(getattr(cfg, cfg.model, None), "lora_rank", 0) > 0
 
 
 def _linear_layers(module: nn.Module) -> dict[str, nn.Module]:
-    """Name -> module of the layers LoRA can adapt: nn.Linear and transformers' Conv1D (GPT-2's
-    projections, which store their weights transposed)."""
+    """Name -> module of the layers LoRA can adapt in the model's decoder layers (the modules
+    of a ModuleList, `model.layers.3.self_attn.q_proj`): nn.Linear and transformers' Conv1D
+    (GPT-2's projections, which store their weights transposed). The embedding and the output
+    layer (often tied to it) are left out."""
     return {
         name: m
         for name, m in module.named_modules()
-        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+        if (isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
+        and re.search(r"\.\d+\.", name)
     }
 
 
-@functools.lru_cache(maxsize=8)
-def _layer_names(hf_model: str) -> tuple[tuple[str, ...], bool]:
-    """(the names of the linear layers of the model's decoder layers, whether they store their
-    weights transposed), from its architecture built on the meta device (no memory, no weights
-    read). The embedding and output layer (often tied to it) are left out."""
-    from .hf import _read_config, decoder_layers, transformers_module
-
-    transformers = transformers_module()
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_read_config(hf_model)))
-    layers = _linear_layers(decoder_layers(model))
-    names = sorted({name.rpartition(".")[2] for name in layers})
-    return tuple(names), any(type(m).__name__ == "Conv1D" for m in layers.values())
+_LAYERS: dict[str, tuple[tuple[str, ...], bool]] = {}  # by the config's JSON: built once
 
 
-def _directory(cfg) -> str:
-    return str(Path(cfg.hf.hf_model).expanduser().resolve())
+def _layer_names(config) -> tuple[tuple[str, ...], bool]:
+    """(the names of the adaptable layers, whether they store their weights transposed) of the
+    transformers config's model, built on the meta device (no memory, no weights read)."""
+    text = config.to_json_string()
+    if text not in _LAYERS:
+        transformers = optional_import("transformers", "hf", "model=hf")
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        layers = _linear_layers(model)
+        names = tuple(sorted({name.rpartition(".")[2] for name in layers}))
+        _LAYERS[text] = names, any(type(m).__name__ == "Conv1D" for m in layers.values())
+    return _LAYERS[text]
 
 
-def targets(cfg) -> list[str]:
-    """The names of the layers that get adapters: lora_targets, or with "auto" every linear
-    layer of the decoder layers (attention and MLP projections: q_proj, k_proj, v_proj, o_proj,
-    gate_proj, up_proj, down_proj of Llama, Qwen2, Mistral; c_attn, c_proj, c_fc of GPT-2)."""
-    names, _ = _layer_names(_directory(cfg))
+def targets(cfg, config) -> list[str]:
+    """The names of the layers that get adapters (`config`: hf_model's transformers config):
+    lora_targets, or with "auto" every linear layer of the decoder layers (attention and MLP
+    projections: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj of Llama,
+    Qwen2, Mistral; c_attn, c_proj, c_fc of GPT-2)."""
+    names, _ = _layer_names(config)
     if cfg.hf.lora_targets == "auto":
         return list(names)
     chosen = [name.strip() for name in cfg.hf.lora_targets.split(",") if name.strip()]
@@ -97,8 +102,9 @@ def targets(cfg) -> list[str]:
     return chosen
 
 
-def check(cfg) -> None:
-    """Config-time checks of the LoRA keys (model=hf's check calls this)."""
+def check(cfg, config) -> None:
+    """Config-time checks of the LoRA keys (model=hf's check calls this with hf_model's
+    transformers config)."""
     own = cfg.hf
     if own.lora_rank == 0:
         defaults = LoraKeys()
@@ -119,10 +125,10 @@ def check(cfg) -> None:
             "lora_rank > 0 trains adapters on hf_model's own weights: remove init_from and "
             "hf_weights=random (the frozen base is read from hf_model at every start)"
         )
-    targets(cfg)
+    targets(cfg, config)
 
 
-def lora_config(cfg, base_model: str | None = None):
+def lora_config(cfg, config, base_model: str | None = None):
     """peft's LoraConfig of the run (fan_in_fan_out for GPT-2's transposed Conv1D layers)."""
     peft = peft_module()
     own = cfg.hf
@@ -130,27 +136,27 @@ def lora_config(cfg, base_model: str | None = None):
         r=own.lora_rank,
         lora_alpha=own.lora_alpha,
         lora_dropout=own.lora_dropout,
-        target_modules=targets(cfg),
-        fan_in_fan_out=transposed(cfg),
+        target_modules=targets(cfg, config),
+        fan_in_fan_out=transposed(config),
         base_model_name_or_path=base_model,
         task_type="CAUSAL_LM",
     )
 
 
-def transposed(cfg) -> bool:
+def transposed(config) -> bool:
     """Whether the model's layers store their weights (in, out): GPT-2's Conv1D."""
-    return _layer_names(_directory(cfg))[1]
+    return _layer_names(config)[1]
 
 
 def add_adapters(cfg, model: nn.Module) -> nn.Module:
     """Adapters into the transformers model `model`, in place (peft's inject_adapter_in_model:
     no PeftModel wrapper, so the names stay transformers' plus `.base_layer` and
     `.lora_A.default`); every other parameter frozen. Their initial values are set when the
-    base weights are loaded (checkpoint/lora.py), the same for any number of ranks."""
+    base weights are loaded (`init_adapters`)."""
     if not enabled(cfg):
         return model
     peft = peft_module()
-    peft.inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER)
+    peft.inject_adapter_in_model(lora_config(cfg, model.config), model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad = is_adapter(name)
     return model
@@ -169,3 +175,44 @@ def base_name(name: str) -> str:
 
 def scale(cfg) -> float:
     return cfg.hf.lora_alpha / cfg.hf.lora_rank
+
+
+def init_adapters(state: dict, seed: int) -> set[str]:
+    """Set the adapters' tensors in `state` (the model's, plain or FSDP-sharded) to their
+    initial values: A uniform as nn.Linear initialises (peft's default), B zeros. Each A is
+    drawn whole from a generator seeded by the run's seed and the tensor's name, and each rank
+    keeps its part: the same values for any number of ranks. Returns their names."""
+    names = {name for name in state if is_adapter(name)}
+    with torch.no_grad():
+        for name in names:
+            tensor = state[name]
+            value = torch.zeros(tensor.shape, dtype=tensor.dtype)
+            if ".lora_A." in name:
+                generator = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+                nn.init.kaiming_uniform_(value, a=math.sqrt(5), generator=generator)
+            if isinstance(tensor, DTensor):  # this rank's part, as the tensor is placed
+                part = distribute_tensor(
+                    value, tensor.device_mesh, tensor.placements, src_data_rank=None
+                )
+                tensor.to_local().copy_(part.to_local())
+            else:
+                tensor.copy_(value)
+    return names
+
+
+def state_sizes(model: nn.Module) -> dict:
+    """A LoRA model's AdamW state and checkpoint size beside full fine-tuning's of its base, in
+    GiB, from parameter counts: AdamW keeps two fp32 moments per trained parameter (8 bytes), a
+    checkpoint holds the trained parameters in fp32 and those moments (12 bytes). {} for a
+    model without adapters."""
+    sizes = {}
+    for name, param in model.named_parameters():
+        kind = "lora" if is_adapter(name) else "full"
+        sizes[kind] = sizes.get(kind, 0) + param.numel()
+    if "lora" not in sizes:
+        return {}
+    return {
+        f"{kind}_{what}_gib": sizes[kind] * size / 2**30
+        for kind in ("lora", "full")
+        for what, size in (("optimizer_state", 8), ("checkpoint", 12))
+    }
