@@ -39,14 +39,17 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single_process):
-    """The run's model as train.build makes it and its base from hf_model: eight steps on one
-    batch (learnt: the loss falls) move the adapters, no base tensor, and the optimizer holds
-    the adapters only."""
+    """The run's model as train.build makes it and its base from hf_model: it starts as the
+    base model (B = 0), eight steps on one batch (learnt: the loss falls) move the adapters,
+    no base tensor, and the optimizer holds the adapters only; the benchmark's sizes count
+    them."""
     from {{ cookiecutter.package_name }} import distributed, train
+    from {{ cookiecutter.package_name }}.benchmark import verdict
     from {{ cookiecutter.package_name }}.checkpoint import lora
     from {{ cookiecutter.package_name }}.config.settings import load_config
+    from {{ cookiecutter.package_name }}.models.lora import state_sizes
 
-    make_model("llama", tmp_path / "model")
+    original = make_model("llama", tmp_path / "model")
     extra = ("lora_rank=4", "lr=1e-2", "min_lr=1e-2")
     cfg = load_config(None, args(tmp_path / "model", tmp_path / "run", *extra)).config
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
@@ -59,9 +62,13 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
         _, inputs = train.input_pipeline(run, 1)
         batch = next(inputs)
         inputs.close()
+        with torch.no_grad():
+            torch.testing.assert_close(run.model(batch[0]), original(batch[0]).logits)
         losses = [train.train_step(run, iter([batch])).item() for _ in range(8)]
         after = dict(run.model.named_parameters())
         optimized = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
+        optimized_params = [after[n] for n in adapters]
+        sizes = state_sizes(run.model)
     assert losses[-1] < losses[0] - 0.5, losses
     for name, value in before.items():
         if name in adapters:
@@ -70,6 +77,10 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
         else:
             assert torch.equal(after[name], value), f"base tensor {name} changed"
     assert optimized == {id(after[n]) for n in adapters}
+    trained, full = (sum(p.numel() for p in ps) for ps in (optimized_params, original.parameters()))
+    assert sizes["lora_optimizer_state_gib"] == 8 * trained / 2**30
+    assert sizes["full_checkpoint_gib"] == 12 * full / 2**30
+    assert "LoRA: AdamW state" in verdict({"ratio": 1.0, "device": "cpu", **sizes})
 
 
 def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_path):
