@@ -83,7 +83,8 @@ def load_base(model: nn.Module, spec, cfg, info, initial) -> None:
     (a new run: its initial weights are this base, loaded once)."""
     if not lora.enabled(cfg) or initial is not None:
         return
-    load_initial_weights(model, spec, cfg, info, open_initial(cfg, spec))
+    loaded, _ = load_initial_weights(model, spec, cfg, info, open_initial(cfg, spec))
+    log.info("LoRA: the frozen base from %s, the adapters from the checkpoint", loaded)
 
 
 def merged(extra: dict, state: dict) -> tuple[dict, dict]:
