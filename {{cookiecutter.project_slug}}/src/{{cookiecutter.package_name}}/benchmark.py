@@ -53,6 +53,7 @@ from .data.batches import DRAW_AHEAD_STEPS, map_tensors, resolve_num_workers
 from .data.plain_loader import PREFETCH_FACTOR, plain_batches, plain_training_set
 from .data.tokens import ShardFile, TokenDataset, synthetic_tokens
 from .distributed import DistEnv
+from .models import lora
 from .optim import make_optimizer
 from .train import build, input_pipeline, parallel, train_step
 
@@ -291,6 +292,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         **inline_figures(inline, times[2:], ours_s, per_step, units),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
         **run.memory,  # host memory before the build and, when weights were loaded, after
+        **lora.state_sizes(run.model),  # a LoRA run's state beside full fine-tuning's
     }
     if baseline.wait_s:
         their_wait = baseline.wait_s() - their_wait_before
@@ -412,6 +414,12 @@ def verdict(result: dict) -> str:
         )
     if "mfu" in result:
         sentence += f"; MFU {result['mfu']:.1%} of peak_tflops"
+    if "lora_optimizer_state_gib" in result:
+        sentence += (
+            "; LoRA: AdamW state {lora_optimizer_state_gib:.3g} GiB, checkpoints "
+            "{lora_checkpoint_gib:.3g} GiB (full fine-tuning: {full_optimizer_state_gib:.3g} "
+            "and {full_checkpoint_gib:.3g} GiB)".format(**result)
+        )
     return sentence + "."
 
 

@@ -269,9 +269,10 @@ def add_export(cmd: argparse.ArgumentParser) -> None:
     )
     cmd.add_argument(
         "--format",
-        choices=("file", "hf"),
+        choices=("file", "hf", "peft"),
         default="file",
-        help="file: one state dict (.pt/.safetensors); hf: a directory transformers loads",
+        help="file: one state dict (.pt/.safetensors); hf: a directory transformers loads; "
+        "peft: a LoRA run's adapters, a directory peft loads onto the base",
     )
 
 
@@ -280,6 +281,11 @@ def export(args: argparse.Namespace) -> int:
         from .checkpoint.export_hf import export_hf
 
         print(f"wrote {export_hf(args.run, args.out)}")
+        return 0
+    if args.format == "peft":
+        from .checkpoint.export_peft import export_peft
+
+        print(f"wrote {export_peft(args.run, args.out)}")
         return 0
     from .checkpoint import export_model
 

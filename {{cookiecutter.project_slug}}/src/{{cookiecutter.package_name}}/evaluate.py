@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, distributed
-from .checkpoint import complete_checkpoints, read_checkpoint, verify
+from .checkpoint import complete_checkpoints, lora, read_checkpoint, verify
 from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config, load_config
 from .config_keys import ConfigError, split_assignment
@@ -143,9 +143,11 @@ def load_weights(cfg: Config, run, env, initial) -> dict:
     manager = checkpoint.CheckpointManager(
         RunDir(cfg.run_dir).checkpoints, run.checkpoint_parts(), keep=cfg.keep_checkpoints
     )
+    lora.load_base(run.model, run.spec, cfg, run.source.info, None)  # a LoRA run's base
     step = manager.load_latest()
     if step is None:
         raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
+    lora.record_base(run.state.extra, cfg)  # refused if not the checkpoint's
     return {"run_dir": cfg.run_dir, "step": step}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed, parallel
+from .checkpoint import lora
 from .checkpoint.initial import WeightSource, initial_source, load_initial_weights, open_initial
 from .config.resume import check_resume, check_run_dir_config
 from .config.settings import Config, ConfigError, config_record, save_config
@@ -281,6 +282,7 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource |
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     verify_files(run.source, run.env.rank, run.env.world_size)  # every shard, read in full
     check_unchanged(run.cfg, run.env)
+    lora.load_base(run.model, run.spec, run.cfg, run.source.info, initial)  # LoRA: each start
     step = ckpt.load_latest()
     if step is None and initial is not None:
         loaded, memory = load_initial_weights(
@@ -309,10 +311,7 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource |
     )
     log.warning(
         "RESUMING %s from checkpoint step %d (written by torch %s, commit %s)",
-        run.cfg.run_dir,
-        step,
-        extra.get("torch_version"),
-        extra.get("git_commit"),
+        *(run.cfg.run_dir, step, extra.get("torch_version"), extra.get("git_commit")),
     )
 
 
@@ -335,6 +334,7 @@ def open_checkpoints(
     # the dataset recorded as an absolute path: evaluate and generate find it from any directory
     where = cfg.dataset if cfg.dataset == "synthetic" else os.path.abspath(cfg.dataset)
     recorded = dataclasses.replace(cfg, dataset=where)
+    lora.record_base(run.state.extra, cfg)  # a LoRA run's base, named in every checkpoint
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
         config=config_record(recorded) | {"data_info": dataclasses.asdict(run.source.info)},

@@ -16,16 +16,18 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 from ..config_keys import optional_import
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
+from . import lora
 from .integrity import MARKER, CheckpointError, complete_checkpoints, verify
 from .manager import single_process_is_intended
 
 log = logging.getLogger(__name__.split(".")[0])
 
 
-def load_model_state(run_dir: Path) -> tuple[dict, dict]:
+def load_model_state(run_dir: Path, merge_adapters: bool = True) -> tuple[dict, dict]:
     """(saved config, full unsharded model state dict on CPU) from the newest complete and
     verified checkpoint of `run_dir` (or from the checkpoint directory `run_dir`). One process,
-    no process group needed, whatever the number of ranks that wrote it."""
+    no process group needed, whatever the number of ranks that wrote it. A LoRA run's adapters
+    are merged into its base (checkpoint/lora.py), unless `merge_adapters` is False."""
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
     candidates = complete_checkpoints(run_dir)
@@ -36,19 +38,21 @@ def load_model_state(run_dir: Path) -> tuple[dict, dict]:
         if problem:
             log.warning("skipping checkpoint %s: %s", path, problem)
             continue
-        return _read_model(path, json.loads((path / MARKER).read_text()).get("parts", {}))
+        parts = json.loads((path / MARKER).read_text()).get("parts", {})
+        return _read_model(path, parts, merge_adapters)
     raise CheckpointError(f"none of the checkpoints in {run_dir} passes its checks")
 
 
-def _read_model(path: Path, parts: dict[str, str]) -> tuple[dict, dict]:
+def _read_model(path: Path, parts: dict[str, str], merge_adapters: bool) -> tuple[dict, dict]:
     model_part = next((n for n, kind in parts.items() if kind == "ModelAndOptimizer"), None)
     train_part = next((n for n, kind in parts.items() if kind == "TrainState"), None)
     if model_part is None:
         raise CheckpointError(f"checkpoint {path} holds no ModelAndOptimizer part")
     prefix, extra = f"{model_part}.model.", f"{train_part}.extra"
     flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
-    config = json.loads(flat.pop(extra, "{}")).get("config", {})
-    return config, {key[len(prefix) :]: tensor for key, tensor in flat.items()}
+    record = json.loads(flat.pop(extra, "{}"))
+    state = {key[len(prefix) :]: tensor for key, tensor in flat.items()}
+    return lora.merged(record, state) if merge_adapters else (record.get("config", {}), state)
 
 
 def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:

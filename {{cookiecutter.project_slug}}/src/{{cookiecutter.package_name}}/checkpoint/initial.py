@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError
 from ..data.tokens import tokenizer_identity
+from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
 from .export import read_checkpoint
@@ -126,7 +127,8 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
         )
     state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
     tied = tied_names(state)
-    expected = {k: tuple(v.shape) for k, v in state.items() if k not in tied}
+    skipped = tied.keys() | lora.init_adapters(state, cfg.seed)  # LoRA's adapters: set, not read
+    expected = {k: tuple(v.shape) for k, v in state.items() if k not in skipped}
     names, stored = _name_map(spec, cfg, info, directory, expected)
     vocab_size = directory.config.get("vocab_size")
     check_same_tensors(path, stored_shapes(path, names, stored, expected, vocab_size), expected)

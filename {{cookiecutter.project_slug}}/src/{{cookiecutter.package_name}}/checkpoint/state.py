@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -26,26 +27,31 @@ log = logging.getLogger(__name__.split(".")[0])
 
 class ModelAndOptimizer:
     """Model and optimizer through DCP's state-dict helpers: works for a plain module, DDP and
-    FSDP2 (`fully_shard`, whose tensors stay sharded); keys carry no `module.`/`_orig_mod.`."""
+    FSDP2 (`fully_shard`, whose tensors stay sharded); keys carry no `module.`/`_orig_mod.`.
+    Frozen parameters (a LoRA run's base, read from its own files at every start) are not
+    saved, nor expected when loading."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.model, self.optimizer = model, optimizer
+        frozen = any(not p.requires_grad for p in model.parameters())
+        self.options = StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
     def state_dict(self) -> dict:
         if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model)}
-        model, optim = get_state_dict(self.model, self.optimizer)
+            return {"model": get_model_state_dict(self.model, options=self.options)}
+        model, optim = get_state_dict(self.model, self.optimizer, options=self.options)
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, state: dict) -> None:
         if self.optimizer is None:
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=self.options)
         else:
             set_state_dict(
                 self.model,
                 self.optimizer,
                 model_state_dict=state["model"],
                 optim_state_dict=state["optim"],
+                options=self.options,
             )
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from ..config_keys import ConfigError, first_line, optional_import
 from ..config_keys import key as config_key  # `key` names tensors below
 from ..run.atomic import atomic_write_text
-from . import spec
+from . import lora, spec
 
 if TYPE_CHECKING:
     from ..data.info import DataInfo
@@ -182,7 +182,7 @@ def build(cfg, info: DataInfo) -> HFCausalLM:
         copy.deepcopy(config), attn_implementation="sdpa", dtype=torch.float32
     )
     model.config.use_cache = False
-    return HFCausalLM(model)
+    return HFCausalLM(lora.add_adapters(cfg, model))
 
 
 def check_vocab(config, info: DataInfo) -> None:
@@ -241,11 +241,12 @@ def check(cfg) -> None:
             "config key 'dropout' is not used by model=hf: the dropout rates are those of "
             "hf_model's config.json (e.g. resid_pdrop, attention_dropout); remove it"
         )
+    lora.check(cfg, config)
 
 
 @dataclass
-class HFKeys:
-    """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file)."""
+class HFKeys(lora.LoraKeys):
+    """The own config keys of model=hf: `cfg.hf` (`[hf]` in a config file), LoRA's with them."""
 
     hf_model: str = config_key(
         "", "a Hugging Face model directory (config.json, *.safetensors)"
@@ -281,7 +282,7 @@ def from_hf(
         raise ValueError(f"its config.json is not the run's model's: {'; '.join(changed)}")
     found = {}
     for key in model_names:
-        name = key.removeprefix(PREFIX)
+        name = lora.base_name(key.removeprefix(PREFIX))  # LoRA: `q_proj.base_layer.weight`
         candidate = next((c for c in (name, name.partition(".")[2]) if c in names), None)
         if candidate is not None:
             found[key] = spec.HFName(candidate)
