@@ -69,6 +69,18 @@ def test_no_leftover_jinja(baked):
         assert not found, f"{name}: {rel} contains {found.group()!r}"
 
 
+def test_no_template_file_spells_the_default_package_name():
+    """A generated file names its package through Jinja: a literal `alps_torch_project` (the
+    default answer's) breaks every other project name (a generated test imported it once)."""
+    slug = TEMPLATE_DIR / "{{cookiecutter.project_slug}}"
+    literal = [
+        str(path.relative_to(slug))
+        for path in sorted(slug.rglob("*"))
+        if path.is_file() and b"alps_torch_project" in path.read_bytes()
+    ]
+    assert not literal
+
+
 def test_toml_files_parse(baked):
     _, path = baked
     tomls = [p for p in path.rglob("*.toml") if ".git" not in p.parts]

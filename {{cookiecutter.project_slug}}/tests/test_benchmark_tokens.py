@@ -10,14 +10,14 @@ import pytest
 import torch
 from conftest import TINY
 
-from alps_torch_project import benchmark
-from alps_torch_project.cli import main
-from alps_torch_project.config.settings import load_config
-from alps_torch_project.data import batches as data
-from alps_torch_project.data import shards
-from alps_torch_project.data.kinds import open_splits
-from alps_torch_project.data.tokens import TokenDataset
-from alps_torch_project.models import spec_of
+from {{ cookiecutter.package_name }} import benchmark
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config.settings import load_config
+from {{ cookiecutter.package_name }}.data import batches as data
+from {{ cookiecutter.package_name }}.data import shards
+from {{ cookiecutter.package_name }}.data.kinds import open_splits
+from {{ cookiecutter.package_name }}.data.tokens import TokenDataset
+from {{ cookiecutter.package_name }}.models import spec_of
 
 
 @pytest.fixture(scope="module")

@@ -318,6 +318,22 @@ def test_the_same_gradients_for_any_split_into_ranks_and_micro_steps(dataset, tm
         torch.testing.assert_close(two_ranks[name], change, rtol=1e-5, atol=1e-7)
 
 
+def test_the_benchmark_runs_on_chat_data_against_a_bare_masked_loss_loop(
+    dataset, single_process, capsys
+):
+    settings = [
+        "device=cpu", "model=gpt", "preset=tiny", "n_embd=32", "block_size=160",
+        f"dataset={dataset}", "batch_size=4", "grad_accum_steps=2", "num_workers=0",
+        "cpu_threads=1", "bench_warmup=1", "bench_steps=10",
+    ]  # fmt: skip
+    assert main(["benchmark", *settings]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["baseline"].startswith("bare:") and "inline_ratio" not in result
+    assert result["ratio"] == pytest.approx(
+        result["train_step_median_s"] / result["bare_step_median_s"]
+    )
+
+
 def reversal_task(path: Path, n: int = 600) -> Path:
     rng = np.random.default_rng(1)
     records = []

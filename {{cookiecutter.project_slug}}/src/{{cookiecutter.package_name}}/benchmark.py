@@ -115,6 +115,15 @@ def optimizer_step(model: torch.nn.Module, optimizer, cfg: Config) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def mean_loss(loss, accum: int) -> torch.Tensor:
+    """What a plain loop back-propagates per micro-batch: the mean loss over the micro-batches
+    (a masked batch's (sum, count): its mean over the answer tokens, as cross_entropy with
+    ignore_index gives it)."""
+    if isinstance(loss, tuple):
+        loss = loss[0] / loss[1].clamp(min=1)
+    return loss / accum
+
+
 def bare_loop(run, batch) -> Baseline:
     """Forward, backward and AdamW on one batch that is already on the device."""
     cfg, model = run.cfg, fresh_model(run)
@@ -123,7 +132,7 @@ def bare_loop(run, batch) -> Baseline:
     def step():
         for _ in range(cfg.grad_accum_steps):
             with run.autocast():
-                loss = run.spec.task.loss(model, batch) / cfg.grad_accum_steps
+                loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
             loss.backward()
         optimizer_step(model, optimizer, cfg)
 
@@ -211,7 +220,7 @@ def plain_loop(run, workers: int) -> Baseline:
             batch = map_tensors(lambda t: t.to(device, non_blocking=True), batch)
             with parallel.sync_gradients(model, enabled=micro == cfg.grad_accum_steps - 1):
                 with run.autocast():
-                    loss = run.spec.task.loss(model, batch) / cfg.grad_accum_steps
+                    loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
                 loss.backward()
         optimizer_step(model, optimizer, cfg)
 

@@ -6,19 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 from ..config_keys import optional_import
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from . import lora
 from .integrity import MARKER, CheckpointError, complete_checkpoints, verify
-from .manager import single_process_is_intended
+from .manager import read_checkpoint
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -53,23 +50,6 @@ def _read_model(path: Path, parts: dict[str, str], merge_adapters: bool) -> tupl
     record = json.loads(flat.pop(extra, "{}"))
     state = {key[len(prefix) :]: tensor for key, tensor in flat.items()}
     return lora.merged(record, state) if merge_adapters else (record.get("config", {}), state)
-
-
-def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:
-    """The entries of checkpoint `path` (not verified), flat (`<part>.<key>...` -> value),
-    tensors whole and on CPU, in one process: for tools and tests."""
-    reader = dcp.FileSystemReader(path)
-    # The metadata knows every tensor's full shape: allocate them empty and let DCP fill them,
-    # assembling the shards written by each rank.
-    flat = {}
-    for key, meta in reader.read_metadata().state_dict_metadata.items():
-        if wanted(key) and isinstance(meta, TensorStorageMetadata):
-            flat[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-        elif wanted(key) and isinstance(meta, BytesStorageMetadata):
-            flat[key] = None
-    single_process_is_intended()
-    dcp.load(flat, storage_reader=reader, no_dist=True)
-    return flat
 
 
 def check_outside_checkpoints(run_dir: Path, out: Path) -> None:

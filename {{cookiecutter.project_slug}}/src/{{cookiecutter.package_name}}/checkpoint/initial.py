@@ -41,8 +41,8 @@ from ..data.tokens import tokenizer_identity
 from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
-from .export import read_checkpoint
 from .integrity import MARKER, complete_checkpoints, verify
+from .manager import read_checkpoint
 
 log = logging.getLogger(__name__.split(".")[0])
 

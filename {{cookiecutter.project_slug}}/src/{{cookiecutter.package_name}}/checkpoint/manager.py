@@ -9,6 +9,7 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 from ..run.atomic import atomic_write_text
 from .integrity import (
@@ -385,3 +387,20 @@ def _writer_of(name: str, world: int) -> int:
     the file is still in its page cache. Anything else goes to rank 0."""
     match = re.match(r"__(\d+)_", name)
     return int(match.group(1)) % world if match else 0
+
+
+def read_checkpoint(path: Path, wanted: Callable[[str], bool] = lambda key: True) -> dict:
+    """The entries of checkpoint `path` (not verified), flat (`<part>.<key>...` -> value),
+    tensors whole and on CPU, in one process: for tools and tests."""
+    reader = dcp.FileSystemReader(path)
+    # The metadata knows every tensor's full shape: allocate them empty and let DCP fill them,
+    # assembling the shards written by each rank.
+    flat = {}
+    for key, meta in reader.read_metadata().state_dict_metadata.items():
+        if wanted(key) and isinstance(meta, TensorStorageMetadata):
+            flat[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        elif wanted(key) and isinstance(meta, BytesStorageMetadata):
+            flat[key] = None
+    single_process_is_intended()
+    dcp.load(flat, storage_reader=reader, no_dist=True)
+    return flat
