@@ -139,7 +139,9 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
         assert "old spelling" not in text, "the job script calls a command the old way"
         resolved = tomllib.loads((sub.run_dir / "config.toml").read_text())
         assert resolved["dataset"] == str(alias) and resolved["gpt"]["preset"] == "tiny"
-        assert re.search(rf"INFO settings from {re.escape(str(config))}: [^;]*\bdataset\b", text)
+        # one origins line, each file with the keys it set (tiny.toml's, then own.toml's)
+        own = rf"INFO settings from [^\n]*; {re.escape(str(config))}: [^;]*\bdataset\b"
+        assert re.search(own, text)
         check_log_path(sub, job)
         check_ranks_trained(sub, max_steps=40)
         check_checkpoint(sub, 40)

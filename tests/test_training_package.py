@@ -58,6 +58,8 @@ def test_package_layout(repo, package):
             "arrays",
             "batches",
             "benchmark",
+            "chat",
+            "chat_writer",
             "hf_datasets",
             "image_writer",
             "images",
@@ -89,7 +91,8 @@ def test_only_the_registry_and_the_gpt_module_know_the_gpt_by_name(repo, package
     """The loop, data, metrics, benchmark, CLI and generate ask the model's spec."""
     src = repo / "src" / package
     naming = {str(p.relative_to(src)) for p in src.rglob("*.py") if '"gpt"' in p.read_text()}
-    assert naming == {"models/__init__.py", "models/gpt.py"}
+    # and ShareGPT's name for the assistant's role, read by make-dataset --chat
+    assert naming == {"models/__init__.py", "models/gpt.py", "data/chat_writer.py"}
 
 
 def test_every_module_of_the_package_stays_short(repo, package):

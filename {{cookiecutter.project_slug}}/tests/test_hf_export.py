@@ -20,9 +20,10 @@ from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 
 WORDS = "alps node train token shard model batch step lustre cluster".split()
 SHORT = ["max_steps=2", "checkpoint_every=2", "eval_every=0"]
-# {% raw %} (the template's own Jinja leaves the chat template alone)
-CHAT = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
-# {% endraw %} end
+# a chat template, written with [ ] for Jinja's { } (a generated file holds no Jinja delimiters)
+CHAT = "[% for m in messages %]<s>[[ m.content ]]</s>[% endfor %]".translate(
+    str.maketrans("[]", "{}")
+)
 
 
 def documents(path):
