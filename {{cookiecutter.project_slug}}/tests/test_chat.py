@@ -6,6 +6,7 @@ input in one line. A character-level tokenizer with a ChatML template is made he
 
 import json
 import os
+import shutil
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import free_port
+from conftest import assert_same_training_state, free_port
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 pytest.importorskip("datasets", reason="needs the [data] extra")
@@ -347,6 +348,22 @@ def test_the_benchmark_runs_on_chat_data_against_a_bare_masked_loss_loop(
     assert result["ratio"] == pytest.approx(
         result["train_step_median_s"] / result["bare_step_median_s"]
     )
+
+
+def test_chat_training_resumes_bit_exactly_with_loader_processes(dataset, tmp_path, single_process):
+    """Packed windows come from the generic sample stream: a run continued from its step-6
+    checkpoint, now with a loader process, ends bit-identical to the run that went on."""
+    settings = [
+        "device=cpu", "model=gpt", "preset=tiny", "n_embd=32", "block_size=160",
+        f"dataset={dataset}", "batch_size=4", "max_steps=12", "checkpoint_every=6",
+        "eval_every=0", "dropout=0.1", "async_checkpoint=false", "cpu_threads=1",
+    ]  # fmt: skip
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    assert main(["train", *settings, "num_workers=0", f"run_dir={reference}"]) == 0
+    assert main(["train", *settings, "num_workers=0", f"run_dir={run_dir}"]) == 0
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000012")  # as if killed after step 6
+    assert main(["train", *settings, "num_workers=1", f"run_dir={run_dir}"]) == 0
+    assert_same_training_state(reference, run_dir, 12)
 
 
 def reversal_task(path: Path, n: int = 600) -> Path:
