@@ -183,6 +183,11 @@ def test_too_long_conversations_are_truncated_or_dropped_and_counted(
     assert main([*common, "--max-length", str(limit), "--out", str(tmp_path / "t")]) == 0
     assert f"{longer} truncated, 0 dropped" in capsys.readouterr().out
     assert max(len(ids) for ids, _ in stored(tmp_path / "t")) == limit
+    # a limit below every prompt: the line says why nothing is left, not "too few records"
+    assert main([*common, "--max-length", "8", "--out", str(tmp_path / "none")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"{len(talks)} conversations longer than --max-length 8 tokens dropped" in line
+    assert "raise --max-length" in line and not (tmp_path / "none").exists()
 
 
 def test_packed_windows_keep_each_conversation_alone():
@@ -396,11 +401,14 @@ def test_a_tiny_gpt_learns_to_reverse_the_prompt(tokenizer_dir, tmp_path, single
     assert main(["evaluate", f"run_dir={run_dir}"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["eval_perplexity"] == pytest.approx(evaluation["eval_perplexity"])
+    # the whole split: every answer token of the validation conversations, counted as tokens
+    assert evaluated["scored_tokens"] == evaluated["scoreable_tokens"] > 100
     assert main(["generate", f"run_dir={run_dir}", "--chat", "abd", "--tokens", "5",
                  "--temperature", "0"]) == 0  # fmt: skip
     shown = capsys.readouterr().out
     assert shown.startswith("<|im_start|>user\nabd<|im_end|>\n<|im_start|>assistant\n")
-    assert "dba<|im_end|>" in shown
+    # the answer stops at the end of its turn (the line's last newline is the command's)
+    assert shown == "<|im_start|>user\nabd<|im_end|>\n<|im_start|>assistant\ndba<|im_end|>\n"
     # the export's tokenizer renders a chat as the dataset did: transformers' chat pipeline and
     # vLLM's chat endpoint read its template
     export = ["export", f"run_dir={run_dir}", "--format", "hf", "--out", str(tmp_path / "hf")]

@@ -116,8 +116,9 @@ def stream(
         check_run_tokenizer(cfg.dataset, info.fingerprint)
     codec = text_codec(cfg.dataset, tokenizer, info.vocab_size)
     check_codec(codec, info, cfg, tokenizer)
+    stop = None  # a chat's answer ends at the template's end-of-turn token (eos)
     if chat:
-        prompt = chat_prompt(prompt, Path(tokenizer or tokenizer_file(cfg.dataset)))
+        prompt, stop = chat_prompt(prompt, Path(tokenizer or tokenizer_file(cfg.dataset)))
     ids = torch.tensor([encode_prompt(codec, prompt, tokenizer)], dtype=torch.int64, device=target)
     generator = torch.Generator(target).manual_seed(seed)
     shown = text = codec.decode(ids[0].tolist())
@@ -132,18 +133,22 @@ def stream(
         if len(ready) > len(shown):
             yield ready[len(shown) :]
             shown = ready
+        if stop is not None and int(ids[0, -1]) == stop:
+            break
     if len(text) > len(shown) and text.startswith(shown):
         yield text[len(shown) :]
 
 
-def chat_prompt(message: str, tokenizer: Path) -> str:
+def chat_prompt(message: str, tokenizer: Path) -> tuple[str, int | None]:
     """`message` as a user's turn in the chat template of the tokenizer (a directory, or the
-    one holding the tokenizer.json: a chat dataset's), up to where the answer starts."""
+    one holding the tokenizer.json: a chat dataset's), up to where the answer starts; and the
+    id of the token that ends the answer (the tokenizer's eos)."""
     from .data.chat_writer import load_chat_tokenizer
 
     turn = [{"role": "user", "content": message}]
     chat = load_chat_tokenizer(tokenizer if tokenizer.is_dir() else tokenizer.parent, None)
-    return chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    prompt = chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    return prompt, chat.eos_token_id
 
 
 def generate(run_dir: Path, prompt: str, n_tokens: int, *args, **kwargs) -> str:

@@ -130,6 +130,22 @@ class ChatSplit(Dataset):
     def __len__(self) -> int:
         return len(self.ranges)
 
+    @property
+    def scoreable(self) -> int:
+        """The answer tokens the windows score (evaluate's count): in each conversation, the
+        masked tokens after its first (the first has nothing before it to predict it)."""
+        total = int(self.offsets[-1])
+        mask = self.mask.windows(np.array([0]), total)[0] if total else np.zeros(0, MASK_DTYPE)
+        seen = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        return int((seen[self.offsets[1:]] - seen[self.offsets[:-1] + 1]).sum())
+
+    @property
+    def scheme(self) -> str:
+        return (
+            f"{len(self)} windows of {self.window} tokens packing the split's "
+            f"{len(self.lengths)} conversations whole; the loss reads the answers' tokens"
+        )
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         first, stop = self.ranges[index]
         start, end = self.offsets[first], self.offsets[stop]

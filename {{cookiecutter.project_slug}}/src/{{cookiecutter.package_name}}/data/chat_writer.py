@@ -301,6 +301,13 @@ def write_chat_dataset(
             if kept is not None:
                 written += 1
                 writers["val" if written % VAL_EVERY == 0 else "train"].write(*kept)
+        if counts["dropped"] and written < VAL_EVERY:
+            raise DatasetError(
+                f"{source}: {counts['dropped']} conversations longer than --max-length "
+                f"{max_length} tokens dropped, {written} left: too few to write (at least "
+                f"{VAL_EVERY}); raise --max-length"
+                + (" or use --too-long truncate" if too_long == "drop" else "")
+            )
         index = {"format": FORMAT, "dtype": dtype.name, "vocab_size": vocab_size}
         index.update(tokenizer="huggingface", document_end=tokenizer.eos_token_id)
         index["tokenizer_file"] = save_tokenizer(tokenizer, tmp, tokenizer_path)
