@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import batches, shards, tokens
 from {{ cookiecutter.package_name }}.data.info import IGNORED, DataInfo, Splits
 from {{ cookiecutter.package_name }}.data.kinds import verify_files
-from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset
+from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset, window_draws
 
 
 def test_byte_tokenizer_round_trip():
@@ -418,7 +418,7 @@ def test_a_shard_cut_short_under_a_live_run_is_named_not_a_sigbus(tmp_path):
     out, _ = byte_dataset(tmp_path)
     code = (
         "import os, sys\n"
-        "from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset\n"
+        "from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset, window_draws\n"
         f"data = TokenDataset.open({str(out)!r})\n"
         f"os.truncate({str(out / 'train-00000.bin')!r}, 64)\n"
         "try:\n"
@@ -484,6 +484,19 @@ def test_windows_are_a_function_of_seed_step_rank_and_micro_step(tmp_path):
     (tmp_path / "copy").mkdir()
     reopened = counting_dataset(tmp_path / "copy")  # another process, e.g. after a restart
     assert np.array_equal(reopened.window_starts(0, 5, 0, 0, 8, 16), forward[0])
+
+
+def test_window_draws_are_uniform_and_one_call_equals_one_per_key():
+    keys = [(step, micro) for step in range(500) for micro in range(2)]
+    draws = window_draws(1234, keys, 3, 100, 1000)
+    assert draws.dtype == np.int64 and draws.min() >= 0 and draws.max() < 1000
+    counts = np.bincount(draws, minlength=1000)  # 100 expected per value
+    assert abs(counts - 100).max() < 60 and 8 < counts.std() < 12  # binomial: sd 9.95
+    one_by_one = np.concatenate([window_draws(1234, [key], 3, 100, 1000) for key in keys[:20]])
+    assert np.array_equal(draws[:2000], one_by_one)
+    assert not np.array_equal(window_draws(1234, keys[:1], 4, 100, 1000), draws[:100])  # rank
+    huge = window_draws(2**32 - 1, [(10**12, 7)], 0, 1000, 2**40)  # no overflow, full range
+    assert huge.min() >= 0 and huge.max() < 2**40 and huge.max() > 2**39
 
 
 def test_targets_are_the_inputs_shifted_by_one_and_windows_stay_in_a_shard(tmp_path):

@@ -1,10 +1,13 @@
 """Single-process runs of the loop: the first command a user types, both example models, the
 TF32 set-up other libraries must survive."""
 
+from types import SimpleNamespace
+
 import torch
 from conftest import TINY, TINY_MLP, checkpoint_steps
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.optim import Schedule, lr_factor
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 from {{ cookiecutter.package_name }}.train import enable_tf32
 
@@ -19,6 +22,30 @@ def test_tf32_setup_leaves_the_legacy_getters_working():
         assert isinstance(torch.backends.cudnn.allow_tf32, bool)
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_the_schedule_sets_the_learning_rates_torchs_lambdalr_set():
+    """Bit for bit at every step, and each loads the other's state (a checkpoint written with
+    LambdaLR resumes with the same learning rate)."""
+    cfg = SimpleNamespace(lr=6e-4, min_lr=6e-5, warmup_steps=7, max_steps=40)
+
+    def optimizer():
+        return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=cfg.lr)
+
+    ours, theirs = optimizer(), optimizer()
+    schedule = Schedule(ours, cfg)
+    reference = torch.optim.lr_scheduler.LambdaLR(theirs, lambda step: lr_factor(cfg, step))
+    for _ in range(45):  # past max_steps: min_lr
+        assert schedule.get_last_lr() == reference.get_last_lr()
+        ours.step()
+        theirs.step()
+        schedule.step()
+        reference.step()
+    assert abs(schedule.get_last_lr()[0] - cfg.min_lr) < 1e-12
+    resumed = Schedule(optimizer(), cfg)
+    resumed.load_state_dict(reference.state_dict())
+    assert resumed.get_last_lr() == reference.get_last_lr() and resumed.last_epoch == 45
+    assert resumed.state_dict() == {"last_epoch": 45}
 
 
 def test_train_on_cpu_in_five_steps(tmp_path, single_process):

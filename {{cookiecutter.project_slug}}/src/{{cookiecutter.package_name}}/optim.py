@@ -47,5 +47,36 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.o
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=fused)
 
 
-def make_schedule(optimizer: torch.optim.Optimizer, cfg) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step))
+class Schedule:
+    """The learning rate of each step set on the optimizer's groups, as nanoGPT's get_lr does
+    (torch's LambdaLR does the same arithmetic, plus a wrapper around optimizer.step and a
+    warning check per step: 0.5-1 % of a tiny model's CPU step). A checkpoint part: its state
+    is the step count, under LambdaLR's name (`last_epoch`), so either's checkpoints load."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg):
+        self.optimizer, self.cfg, self.last_epoch = optimizer, cfg, 0
+        self._set_lr()
+
+    def step(self) -> None:
+        """After each optimizer step: the next step's learning rate."""
+        self.last_epoch += 1
+        self._set_lr()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_epoch = int(state["last_epoch"])
+        self._set_lr()
+
+    def _set_lr(self) -> None:
+        lr = self.cfg.lr * lr_factor(self.cfg, self.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, cfg) -> Schedule:
+    return Schedule(optimizer, cfg)

@@ -30,7 +30,7 @@ from .data.prefetch import CudaCopier, Prefetcher, StandInCopier
 from .distributed import DistEnv
 from .models import spec_of
 from .models.spec import ModelSpec
-from .optim import make_optimizer, make_schedule
+from .optim import Schedule, make_optimizer, make_schedule
 from .run import lock as rundir_lock
 from .run import preemption
 from .run.interrupts import SecondSignal
@@ -51,7 +51,7 @@ class Run:
     device: torch.device
     model: torch.nn.Module  # what the step calls: DDP-wrapped, FSDP-sharded or plain
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Schedule  # the learning rate of each step
     scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype | None
     source: Splits  # the dataset: its splits, what the model is told about it

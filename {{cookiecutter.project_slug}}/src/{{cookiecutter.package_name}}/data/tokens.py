@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
-from .windows import ValidationWindows
+from .windows import ValidationWindows, window_draws
 
 FORMAT = "tokens/1"
 # little-endian, as numpy writes them on x86/ARM; index.json says "uint16" or "uint32"
@@ -248,9 +248,7 @@ class TokenDataset:
                 f"no train shard holds a window of block_size + 1 = {window} tokens "
                 f"(the longest has {max(len(s) for s in self.train)})"
             )
-        total = counts.sum()
-        rngs = [np.random.default_rng([seed, step, rank, micro]) for step, micro in keys]
-        draws = np.concatenate([rng.integers(0, total, batch_size, dtype=np.int64) for rng in rngs])
+        draws = window_draws(seed, keys, rank, batch_size, int(counts.sum()))
         shard = np.searchsorted(np.cumsum(counts), draws, side="right")
         shard_starts = np.cumsum([0] + [len(s) for s in self.train[:-1]], dtype=np.int64)
         valid_before = np.concatenate([[0], np.cumsum(counts)[:-1]])
