@@ -5,14 +5,13 @@ as a LoRA adapter. Megabytes, where `--format hf` writes the whole merged model.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ..config.settings import saved_config
 from ..config_keys import ConfigError
 from ..models import lora
 from ..models.hf import PREFIX, hf_config
-from ..run.atomic import fsync, hidden_write_cause, temp_name
+from ..run.atomic import atomic_directory
 from . import hf_format
 from .export import check_outside_checkpoints, load_model_state
 
@@ -45,25 +44,9 @@ def export_peft(run_dir: Path, out: Path) -> Path:
 
 def write_adapter_dir(out: Path, config, tensors: dict) -> Path:
     """The directory complete or not at all: written under a temporary name, then renamed."""
-    st = hf_format.safetensors_torch()
     if out.exists():
         raise ConfigError(f"{out} exists: export writes a new directory")
-    tmp = temp_name(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        try:
-            st.save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-            config.save_pretrained(str(tmp))  # adapter_config.json
-        except Exception as err:  # SafetensorError: "os error 28", the errno lost
-            cause = hidden_write_cause(err, tmp)
-            if cause is None:
-                raise
-            raise ConfigError(f"export: cannot write {out}: {cause}") from None
-        for path in tmp.iterdir():
-            fsync(path)
-        tmp.rename(out)
-        fsync(out.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_directory(out) as tmp:
+        hf_format.save_tensors(tensors, tmp / WEIGHTS, out)
+        config.save_pretrained(str(tmp))  # adapter_config.json
     return out

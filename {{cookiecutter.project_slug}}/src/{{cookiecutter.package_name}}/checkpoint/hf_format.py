@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..config_keys import ConfigError, first_line, optional_import
-from ..run.atomic import atomic_write_text, fsync, hidden_write_cause, temp_name
+from ..run.atomic import atomic_directory, atomic_write_text, hidden_write_cause
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 2**30  # transformers' default shard size (5 GB)
@@ -161,14 +161,10 @@ def write_model_dir(
 ) -> Path:
     """Write a directory save_pretrained would write, complete or not at all: everything goes to
     a temporary directory next to `out`, which is renamed to `out` at the end."""
-    st = safetensors_torch()
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} exists: export writes a new directory")
-    tmp = temp_name(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with atomic_directory(out) as tmp:
         shards = shard(tensors, max_shard_bytes)
         names = (
             [SINGLE]
@@ -178,13 +174,7 @@ def write_model_dir(
             ]
         )
         for name, part in zip(names, shards, strict=True):
-            try:
-                st.save_file(part, str(tmp / name), metadata={"format": "pt"})
-            except Exception as err:  # SafetensorError: "os error 28", the errno lost
-                cause = hidden_write_cause(err, tmp)
-                if cause is None:
-                    raise
-                raise ConfigError(f"export: cannot write {out}: {cause}") from None
+            save_tensors(part, tmp / name, out)
         if len(shards) > 1:
             index = {
                 "metadata": {
@@ -198,13 +188,19 @@ def write_model_dir(
         atomic_write_text(tmp / "config.json", json.dumps(config, indent=2) + "\n")
         for name, source in extra_files.items():
             shutil.copyfile(source, tmp / name)
-        for path in tmp.iterdir():
-            fsync(path)
-        tmp.rename(out)
-        fsync(out.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, out: Path) -> None:
+    """safetensors' save_file into `path`, part of the export `out`; a failure whose cause it
+    hides (SafetensorError: "os error 28", the errno lost) named in one line."""
+    try:
+        safetensors_torch().save_file(tensors, str(path), metadata={"format": "pt"})
+    except Exception as err:
+        cause = hidden_write_cause(err, path.parent)
+        if cause is None:
+            raise
+        raise ConfigError(f"export: cannot write {out}: {cause}") from None
 
 
 def shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:

@@ -5,7 +5,9 @@ point leaves the old file or the new one, never a partial one, and no temp file 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,6 +37,25 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync(path.parent)
+
+
+@contextmanager
+def atomic_directory(out: Path) -> Iterator[Path]:
+    """A new directory `out`, complete or not at all: the caller fills the temp directory this
+    yields (next to `out`); then every file in it is flushed, it is renamed to `out` and the
+    parent flushed. Any failure removes it. `out` must not exist (callers refuse that first)."""
+    out = Path(out)
+    tmp = temp_name(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        for path in tmp.iterdir():
+            fsync(path)
+        tmp.rename(out)
+        fsync(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # How torch.save (its C++ zip writer) and safetensors report a failed write: the errno is lost
