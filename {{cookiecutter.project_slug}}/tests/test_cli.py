@@ -2,8 +2,10 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +41,43 @@ def test_benchmark_prints_one_json_line(single_process, capsys):
         assert result[key] > 0
     assert 0 <= result["data_wait_fraction"] < 1
     assert result["steps"] == 10 and result["world_size"] == 1 and result["model"] == "gpt:tiny"
+    # one round (a block of each loop); the ratios are of this process's CPU time per step
+    assert result["clock"] == "process CPU time" and 0 < result["cpu_share"] <= 1.05
+    blocks = result["blocks"]
+    assert sorted(blocks) == ["bare", "inline", "train"] and len(blocks["train"]) == 1
+    assert result["ratio"] == pytest.approx(blocks["train"][0] / blocks["bare"][0])
     assert "compile_on" not in result  # compared only on GPU unless asked
     assert "checkpoint_sync_stall_s" not in result  # likewise
+
+
+def test_the_benchmark_ratio_pairs_the_blocks_of_each_round():
+    """The load rose between the package's and the bare loop's block of round 3: the medians of
+    each loop's blocks fall in different load phases (1.02 / 2.0), the rounds' ratios do not."""
+    from {{ cookiecutter.package_name }}.telemetry.timing import paired_ratio, round_quartiles
+
+    package, bare = [1.02, 1.02, 1.02, 2.04, 2.04], [1.0, 1.0, 2.0, 2.0, 2.0]
+    assert paired_ratio(package, bare) == pytest.approx(1.02)
+    assert round_quartiles(package, bare) == pytest.approx([1.02, 1.02])
+    assert round_quartiles([1.1], [1.0]) == pytest.approx([1.1, 1.1])  # one round
+
+
+def test_on_a_shared_cpu_the_benchmark_compares_cpu_time(single_process, capsys, monkeypatch):
+    """Other processes on the cores slow the wall clock, not this process's CPU time: the
+    ratios use the latter, and the sentence says how long others held the cores."""
+    wall_clock = time.perf_counter
+    monkeypatch.setattr(time, "process_time", lambda: 0.6 * wall_clock())  # 40 % to others
+    assert main(["benchmark", *TINY, "bench_warmup=1", "bench_steps=30"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["clock"] == "process CPU time"
+    assert result["cpu_share"] == pytest.approx(0.6, rel=0.01)
+    cpu_median = statistics.median(result["blocks"]["train"])
+    assert cpu_median == pytest.approx(0.6 * result["train_step_median_s"], rel=0.01)
+    train, bare = result["blocks"]["train"], result["blocks"]["bare"]
+    assert len(train) == 3 and result["ratio"] == pytest.approx(
+        statistics.median(t / b for t, b in zip(train, bare, strict=True))
+    )
+    assert "other processes held the cores for 40% of the time" in err
 
 
 def test_benchmark_times_sync_and_async_checkpoint_saves(tmp_path, single_process, capsys):

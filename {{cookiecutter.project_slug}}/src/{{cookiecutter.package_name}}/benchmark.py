@@ -1,32 +1,19 @@
 """`python -m <pkg> benchmark`: the package's training step against a plain loop on the same
-model and batch size, in alternating blocks of steps; prints one JSON line.
+model and batch size; prints one JSON line, then one sentence on stderr. docs/training.md
+("Benchmark") says what each figure means and what was measured.
 
-Which plain loop depends on the data (`"baseline"` in the line names it):
-- batches that are drawn or gathered from memory (token windows, arrays): a bare loop that does
-  the same math (autocast, loss, backward, clipping, AdamW) on one batch already on the device:
-  it reads no data. Token windows are also compared with a second loop, `inline`: the bare loop
-  that reads each batch from the same shards inline, nanoGPT's way (its get_batch: the shards
-  memory-mapped at every batch, each window sliced, converted and stacked), the same windows
-  as the package's for each step; `inline_ratio` is the package's step over that one (goal:
-  <= 1.00: the package reads its input no slower than the simplest loop that reads any);
-- samples that are decoded (`Splits.decodes`: images): torchvision's reference train.py written
-  plainly (data/plain_loader.py): a DataLoader with a DistributedSampler and as many loader
-  processes over the same images with the same transforms, DDP over several ranks, and the same
-  loss and optimizer: the package's AdamW (make_optimizer) on both sides, not the reference's
-  SGD, so the ratio compares the loops, not the optimizers. Its figures are `plain_*`.
-The package step adds what a real run needs (its input pipeline, the schedule, loss
-bookkeeping, DDP/FSDP when there are several ranks). `ratio` is the overhead (goal: <= 1.03).
-On CUDA, time is measured with a synchronisation at the ends of each block of steps only, so
-the CPU can run ahead as it does in training. MFU is model FLOPs per second over `peak_tflops`;
-`data_wait_fraction` is the share of the package's time spent waiting for input (and
-`plain_data_wait_fraction` the plain loop's). After the JSON line (stdout), one sentence on
-stderr says what the ratio means.
-With `bench_compare_compile=true` the other `compile` setting is measured too, and with
-`bench_checkpoint=true` what a checkpoint of this model costs training: the stall of a
-synchronous save (its whole write) against the stall of an asynchronous one. A run that starts
-from weights (`init_from`, `model=hf`) loads them first, and the line says how much host memory
-this rank held at its peak (`peak_rss_gib`) beside the model's size (`model_gib`):
-loading is sharded, so with FSDP on N ranks the peak grows by about model_gib / N.
+The plain loop (`"baseline"` in the line) depends on the data: batches drawn or gathered from
+memory (token windows, arrays) are compared with a bare loop on one batch already on the device
+(it reads no data; token windows also with `inline`, the bare loop reading each batch from the
+same shards as nanoGPT's get_batch does); decoded samples (images) with torchvision's reference
+train.py written plainly (data/plain_loader.py), the same AdamW on both sides. The loops run in
+rounds of one block each, in turning order; each ratio is the median over the rounds of the
+package's block over the other loop's block of the same round (paired_ratio), timed by this
+process's CPU time on a CPU without loader processes, else by the wall clock (on CUDA with a
+synchronisation at the ends of each block only). `ratio` goal: <= 1.03; `inline_ratio`: <= 1.00.
+With one rank every loop steps the run's own model and optimizer.
+`bench_compare_compile=true` measures the other `compile` setting too; `bench_checkpoint=true`
+what a checkpoint costs training (a synchronous save's stall against an asynchronous one's).
 """
 
 from __future__ import annotations
@@ -42,7 +29,6 @@ from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,14 +36,20 @@ from . import checkpoint, distributed
 from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config
 from .data.batches import DRAW_AHEAD_STEPS, map_tensors, resolve_num_workers
-from .data.plain_loader import PREFETCH_FACTOR, plain_batches, plain_training_set
-from .data.tokens import ShardFile, TokenDataset, synthetic_tokens
+from .data.plain_loader import (
+    PREFETCH_FACTOR,
+    plain_batches,
+    plain_training_set,
+    read_windows,
+    token_dataset,
+)
 from .distributed import DistEnv
 from .models import lora
 from .optim import make_optimizer
+from .telemetry.timing import Blocks, paired_ratio, round_quartiles
 from .train import build, input_pipeline, parallel, train_step
 
-BLOCK = 5  # steps per timed block; blocks of the loops alternate
+BLOCK = 5  # steps per timed block; the loops' blocks alternate in rounds
 
 # `benchmark --size large`: the 75M-parameter MLP whose input once stalled an H100.
 SIZES = {
@@ -71,21 +63,6 @@ SIZES = {
         "eval_samples=4096",
     ],
 }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _block_time(step, device: torch.device, n: int) -> float:
-    """Seconds per step over `n` steps, synchronised at the ends only."""
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(n):
-        step()
-    _sync(device)
-    return (time.perf_counter() - start) / n
 
 
 @dataclass
@@ -108,6 +85,17 @@ def fresh_model(run) -> torch.nn.Module:
     return model.to(run.device)
 
 
+def loop_model(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model and optimizer a plain loop steps. With one rank: the run's own, so that every
+    loop computes on the same tensors in the same memory (two copies of the tiny GPT measured up
+    to 1 % apart on a CPU, from where their tensors lay alone). With several: a copy, unwrapped
+    (the run's is DDP-wrapped or sharded)."""
+    if run.env.world_size == 1:
+        return run.model, run.optimizer
+    model = fresh_model(run)
+    return model, make_optimizer(model, run.cfg, run.device)
+
+
 def optimizer_step(model: torch.nn.Module, optimizer, cfg: Config) -> None:
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -126,8 +114,7 @@ def mean_loss(loss, accum: int) -> torch.Tensor:
 
 def bare_loop(run, batch) -> Baseline:
     """Forward, backward and AdamW on one batch that is already on the device."""
-    cfg, model = run.cfg, fresh_model(run)
-    optimizer = make_optimizer(model, cfg, run.device)
+    cfg, (model, optimizer) = run.cfg, loop_model(run)
 
     def step():
         for _ in range(cfg.grad_accum_steps):
@@ -139,41 +126,12 @@ def bare_loop(run, batch) -> Baseline:
     return Baseline("bare", "bare: one batch already on the device, no data read", step)
 
 
-def read_windows(
-    dataset: TokenDataset, seed: int, step: int, micro: int, rank: int, batch_size: int, block: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """nanoGPT's get_batch over the package's windows of (seed, step, micro, rank): the shards
-    memory-mapped again at every batch (as nanoGPT does, against a memory leak), each window of
-    block + 1 tokens sliced from its shard, converted to int64 and stacked."""
-    shards = [
-        np.memmap(s.path, dtype=s.dtype, mode="r") if isinstance(s, ShardFile) else s
-        for s in dataset.train
-    ]
-    ends = np.cumsum([len(s) for s in shards])
-    rows = []
-    for start in dataset.window_starts(seed, step, micro, rank, batch_size, block).tolist():
-        shard = int(np.searchsorted(ends, start, side="right"))
-        local = start - int(ends[shard]) + len(shards[shard])
-        rows.append(shards[shard][local : local + block + 1])
-    x = torch.stack([torch.from_numpy(row[:-1].astype(np.int64)) for row in rows])
-    y = torch.stack([torch.from_numpy(row[1:].astype(np.int64)) for row in rows])
-    return x, y
-
-
-def token_dataset(cfg: Config) -> TokenDataset:
-    """The run's token dataset, opened again for the inline loop."""
-    if cfg.dataset == "synthetic":
-        return synthetic_tokens(cfg)
-    return TokenDataset.open(Path(cfg.dataset))
-
-
 def inline_loop(run) -> Baseline:
     """The bare loop reading each micro-batch inline from the run's token shards (read_windows),
     the same steps' windows as the package, copied to the device as nanoGPT does."""
     cfg, device = run.cfg, run.device
     dataset, block = token_dataset(cfg), run.spec.context_length(cfg)
-    model = fresh_model(run)
-    optimizer = make_optimizer(model, cfg, device)
+    model, optimizer = loop_model(run)
     steps = count(run.state.step)
 
     def to_device(t: torch.Tensor) -> torch.Tensor:
@@ -206,10 +164,9 @@ def plain_loop(run, workers: int) -> Baseline:
     collate = run.source.collate
     pin = device.type == "cuda"
     batches = plain_batches(dataset, collate, cfg, env.rank, env.world_size, workers, pin)
-    model = fresh_model(run)
+    model, optimizer = loop_model(run)
     if env.world_size > 1:
         model = DistributedDataParallel(model, device_ids=[device] if pin else None)
-    optimizer = make_optimizer(model, cfg, device)
     waited = [0.0]
 
     def step():
@@ -262,20 +219,28 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
 
         loops = [package_step, baseline.step] + ([inline.step] if inline else [])
         for step in loops:
-            _block_time(step, device, warmup)
-        times = [[] for _ in loops]
+            Blocks().time(step, device, warmup)
+        times = [Blocks() for _ in loops]
         wait_before = inputs.wait_s
         their_wait_before = baseline.wait_s() if baseline.wait_s else 0.0
-        for _ in range(blocks):  # alternating: noise hits all alike
-            for step, taken in zip(loops, times, strict=True):
-                taken.append(_block_time(step, device, block))
-        ours, theirs = times[0], times[1]
+        for number in range(blocks):  # rounds of one block each, in turn: ABC, CBA, ABC, ...
+            order = list(zip(loops, times, strict=True))
+            for step, taken in order if number % 2 == 0 else order[::-1]:
+                taken.time(step, device, block)
         wait = inputs.wait_s - wait_before
         saves = measure_checkpoint(run, cfg) if wanted(cfg.bench_checkpoint, device) else {}
     finally:
         inputs.close()
         if baseline is not None:
             baseline.close()
+    # The ratios' clock: on a CPU with no loader processes every loop's work is this process's,
+    # and its CPU time is its wall time on a quiet machine, unchanged by other processes taking
+    # the cores (measured: two busy processes beside the tiny GPT scattered the wall-clock ratio
+    # from 0.75 to 1.10, the CPU-time ratio from 1.00 to 1.04). Elsewhere (a GPU, loader
+    # processes: the waits are the point) the wall clock.
+    by_cpu = device.type == "cpu" and workers == 0
+    clocked = [t.cpu if by_cpu else t.wall for t in times]
+    ours, theirs = times[0].wall, times[1].wall
     ours_s, their_s = statistics.median(ours), statistics.median(theirs)
     units, other = run.spec.task.unit, baseline.key
     per_step = cfg.batch_size * cfg.grad_accum_steps * env.world_size
@@ -291,14 +256,18 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         "batch_size": cfg.batch_size,
         "grad_accum_steps": cfg.grad_accum_steps,
         "steps": len(ours) * block,
+        "block_steps": block,
         "baseline": baseline.description,
         "train_step_median_s": ours_s,
         f"{other}_step_median_s": their_s,
         f"train_{units}_per_s": per_step / ours_s,
         f"{other}_{units}_per_s": per_step / their_s,
-        "ratio": ours_s / their_s,
+        "ratio": paired_ratio(clocked[0], clocked[1]),
+        "ratio_quartiles": round_quartiles(clocked[0], clocked[1]),
         "data_wait_fraction": wait / (sum(ours) * block),
-        **inline_figures(inline, times[2:], ours_s, per_step, units),
+        **inline_figures(inline, times[2:], clocked, per_step, units),
+        "clock": "process CPU time" if by_cpu else "wall",
+        "blocks": dict(zip(["train", other, "inline"][: len(loops)], clocked, strict=True)),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
         **run.memory,  # host memory before the build and, when weights were loaded, after
         **lora.state_sizes(run.model),  # a LoRA run's state beside full fine-tuning's
@@ -309,6 +278,8 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
             "num_workers": workers,
             f"{other}_data_wait_fraction": their_wait / (sum(theirs) * block),
         }
+    if device.type == "cpu":  # how much of the wall time this process computed
+        result["cpu_share"] = sum(times[0].cpu) / sum(ours)
     if device.type == "cuda":
         peak = cfg.peak_tflops * 1e12
         result["mfu"] = run.flops_per_step / ours_s / peak
@@ -317,16 +288,18 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     return result | saves
 
 
-def inline_figures(inline: Baseline | None, times: list, ours_s: float, per_step, units) -> dict:
+def inline_figures(
+    inline: Baseline | None, times: list[Blocks], clocked: list, per_step, units
+) -> dict:
     """The inline-reading loop's figures, when it ran (token windows)."""
     if inline is None:
         return {}
-    inline_s = statistics.median(times[0])
+    inline_s = statistics.median(times[0].wall)
     return {
         "inline_baseline": inline.description,
         "inline_step_median_s": inline_s,
         f"inline_{units}_per_s": per_step / inline_s,
-        "inline_ratio": ours_s / inline_s,
+        "inline_ratio": paired_ratio(clocked[0], clocked[2]),
     }
 
 
@@ -383,6 +356,7 @@ def benchmark(cfg: Config) -> dict:
 
 TARGET_RATIO = 1.03  # the package's step at most 3% slower than a bare loop
 TARGET_INLINE_RATIO = 1.00  # and no slower than a loop that reads its batches inline
+LOADED_CPU_SHARE = 0.9  # below this share of the wall time computing, the machine was shared
 
 
 def baseline_key(result: dict) -> str:
@@ -408,6 +382,11 @@ def verdict(result: dict) -> str:
     if ratio > TARGET_RATIO and result["device"] == "cpu":
         sentence += (
             "; on a CPU with a small model the fixed cost per step weighs more than on a GPU"
+        )
+    if result.get("clock", "wall") != "wall" and result["cpu_share"] < LOADED_CPU_SHARE:
+        sentence += (
+            f"; other processes held the cores for {1 - result['cpu_share']:.0%} of the time, "
+            "so the ratios compare each loop's CPU time, not the wall clock"
         )
     if "inline_ratio" in result:
         inline = result["inline_ratio"]

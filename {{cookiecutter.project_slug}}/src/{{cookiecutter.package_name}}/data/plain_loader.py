@@ -1,5 +1,8 @@
-"""The input of the plainly written loop that `benchmark` compares the package with when the
-samples are decoded: torchvision's reference train.py's way, a map-style Dataset read through
+"""The input of the plainly written loops that `benchmark` compares the package with.
+
+Token windows: nanoGPT's get_batch (`read_windows`), the shards memory-mapped at every batch.
+
+Decoded samples: torchvision's reference train.py's way, a map-style Dataset read through
 `DataLoader(num_workers=..., sampler=DistributedSampler(...), pin_memory=<on GPU>)`, epoch after
 epoch (`sampler.set_epoch`), with none of the package's batching or per-sample seeding.
 
@@ -24,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
 from .images import INDEX_FILE, pil_image, train_transform
 from .info import Splits
-from .tokens import DatasetError
+from .tokens import DatasetError, ShardFile, TokenDataset, synthetic_tokens
 
 
 class PackedImagesPlainly(Dataset):
@@ -85,3 +88,31 @@ def plain_batches(
         sampler.set_epoch(epoch)
         yield from loader
         epoch += 1
+
+
+def read_windows(
+    dataset: TokenDataset, seed: int, step: int, micro: int, rank: int, batch_size: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's get_batch over the package's windows of (seed, step, micro, rank): the shards
+    memory-mapped again at every batch (as nanoGPT does, against a memory leak), each window of
+    block + 1 tokens sliced from its shard, converted to int64 and stacked."""
+    shards = [
+        np.memmap(s.path, dtype=s.dtype, mode="r") if isinstance(s, ShardFile) else s
+        for s in dataset.train
+    ]
+    ends = np.cumsum([len(s) for s in shards])
+    rows = []
+    for start in dataset.window_starts(seed, step, micro, rank, batch_size, block).tolist():
+        shard = int(np.searchsorted(ends, start, side="right"))
+        local = start - int(ends[shard]) + len(shards[shard])
+        rows.append(shards[shard][local : local + block + 1])
+    x = torch.stack([torch.from_numpy(row[:-1].astype(np.int64)) for row in rows])
+    y = torch.stack([torch.from_numpy(row[1:].astype(np.int64)) for row in rows])
+    return x, y
+
+
+def token_dataset(cfg) -> TokenDataset:
+    """The run's token dataset, opened again for the inline loop."""
+    if cfg.dataset == "synthetic":
+        return synthetic_tokens(cfg)
+    return TokenDataset.open(Path(cfg.dataset))
