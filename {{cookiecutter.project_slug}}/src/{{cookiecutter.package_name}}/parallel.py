@@ -170,13 +170,11 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 def sync_gradients(model: nn.Module, enabled: bool):
     """Context for a micro-batch: gradients are reduced only when `enabled` (the last one)."""
-    from contextlib import nullcontext
-
     if isinstance(model, DDP):
-        return nullcontext() if enabled else model.no_sync()
+        return contextlib.nullcontext() if enabled else model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(enabled)
-    return nullcontext()
+    return contextlib.nullcontext()
 
 
 def micro_loss(loss, accum: int, counts: list) -> torch.Tensor:
