@@ -56,10 +56,11 @@ def test_generate_on_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
 
 
 def test_generate_and_export_name_a_run_dir_that_does_not_exist(capsys, tmp_path):
+    """Bad input, as for evaluate: exit 2."""
     missing = tmp_path / "no-such-run"
-    assert main(["generate", f"run_dir={missing}", "--prompt", "x"]) == 1
+    assert main(["generate", f"run_dir={missing}", "--prompt", "x"]) == 2
     assert f"{missing} does not exist" in one_line(capsys)
-    assert main(["export", f"run_dir={missing}", "--out", str(tmp_path / "m.pt")]) == 1
+    assert main(["export", f"run_dir={missing}", "--out", str(tmp_path / "m.pt")]) == 2
     assert f"{missing} does not exist" in one_line(capsys)
 
 

@@ -241,9 +241,9 @@ def check_ranks_agree(what: str, values: dict) -> None:
 @contextmanager
 def hold_run_dir(run_dir: RunDir, env: DistEnv) -> Iterator[object | None]:
     """Rank 0 checks that the run directory can be written and holds `<run_dir>/LOCK` for the
-    whole run, so a second job started on the same run directory stops here instead of training
-    into it; every rank learns the outcome."""
-    with removed_if_refused(run_dir, env.is_main), ExitStack() as stack:
+    whole run (a second job started on it stops here); every rank learns the outcome."""
+    refusals = (ConfigError, data.DatasetError)  # bad input: the command line exits 2
+    with removed_if_refused(run_dir, env.is_main, refusals), ExitStack() as stack:
         lock, error = None, None
         if env.is_main:
             try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..config_keys import optional_import
+from ..config_keys import ConfigError, optional_import
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from . import lora
@@ -26,7 +26,7 @@ def load_model_state(run_dir: Path, merge_adapters: bool = True) -> tuple[dict, 
     no process group needed, whatever the number of ranks that wrote it. A LoRA run's adapters
     are merged into its base (checkpoint/lora.py), unless `merge_adapters` is False."""
     if not Path(run_dir).is_dir():
-        raise CheckpointError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
+        raise ConfigError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
     candidates = complete_checkpoints(run_dir)
     if not candidates:
         raise CheckpointError(f"no complete checkpoint in {run_dir}")

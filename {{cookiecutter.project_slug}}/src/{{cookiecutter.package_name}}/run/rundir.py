@@ -23,8 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config_keys import ConfigError
-
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 CONFIG = "config.toml"
@@ -56,14 +54,17 @@ def reported(what: str) -> Iterator[None]:
 
 
 @contextmanager
-def removed_if_refused(run_dir: RunDir, is_main: bool) -> Iterator[None]:
+def removed_if_refused(
+    run_dir: RunDir, is_main: bool, refusals: tuple[type[Exception], ...]
+) -> Iterator[None]:
     """A run directory made inside (on rank 0) is removed again when the start is refused for
-    bad input (ConfigError, e.g. an init_from that is not the model) before any checkpoint: a
+    bad input before any checkpoint (`refusals`: the errors that say so, e.g. a ConfigError for
+    an init_from that is not the model, a DatasetError for data the model cannot read): a
     refused run leaves no empty run directory behind."""
     new = is_main and not run_dir.path.exists()
     try:
         yield
-    except ConfigError:
+    except refusals:
         if new and not any(run_dir.checkpoints.glob("step-*")):
             shutil.rmtree(run_dir.path, ignore_errors=True)
         raise
