@@ -138,6 +138,16 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
     )
 
 
+def test_a_dataset_path_that_is_not_a_dataset_says_which_and_why(tmp_path):
+    from {{ cookiecutter.package_name }}.config_keys import ConfigError
+    from {{ cookiecutter.package_name }}.data.kinds import kind_of_directory
+
+    with pytest.raises(ConfigError, match=r"dataset .*nowhere: no such directory$"):
+        kind_of_directory(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"dataset .*: no index.json; dataset directories"):
+        kind_of_directory(tmp_path)  # a directory, but not one make-dataset wrote
+
+
 def test_num_workers_from_slurm_cpus_per_task(monkeypatch):
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert data.resolve_num_workers(-1, decodes=True) == 0

@@ -59,8 +59,9 @@ class RunKeys:
 
 @dataclass
 class BenchmarkKeys:
-    bench_warmup: int = key(10, "benchmark: warmup steps of each loop", bounds=(0, 10**6))
-    bench_steps: int = key(200, "benchmark: measured steps of each loop", bounds=(1, 10**6))
+    bench_warmup: int = key(10, "benchmark: warmup steps of each loop", bounds=(1, 10**6))
+    bench_steps: int = key(200, "benchmark: measured steps of each loop (whole blocks, rounded up)",
+                           bounds=(1, 10**6))
     bench_compare_compile: str = key("auto", "benchmark: also measure the other compile setting",
                                      choices=AUTO)
     bench_checkpoint: str = key("auto", "benchmark: time sync vs async checkpoint saves (auto: "

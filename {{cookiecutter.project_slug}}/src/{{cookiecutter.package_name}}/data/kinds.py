@@ -41,6 +41,8 @@ def kind_of_directory(directory: Path) -> DatasetKind:
     try:
         found = json.loads(path.read_text()).get("format")
     except FileNotFoundError:
+        if not Path(directory).is_dir():
+            raise ConfigError(f"dataset {directory}: no such directory") from None
         raise ConfigError(
             f"dataset {directory}: no {INDEX_FILE}; dataset directories are written by "
             f"`python -m {__package__.split('.')[0]} make-dataset ... --out DIR`"
