@@ -200,3 +200,34 @@ def test_the_data_benchmark_takes_ascii_digits_only(capsys):
     assert exit_.value.code == 2
     assert "argument --rounds: expects an integer (ASCII digits)" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["make-dataset", "--samples", "30"],
+        ["export", "run_dir=r"],
+        ["train-tokenizer", "--text", "a", "--vocab-size", "300"],
+        ["plot", "run_dir=r"],
+        ["compare", "run_dir=r", "run_dir=s"],
+    ],
+)
+def test_an_output_name_too_long_is_refused_before_anything_is_made(capsys, tmp_path, argv):
+    out = tmp_path / "new" / ("a" * 300)
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(out)])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert "error: argument --out: " in line and "a name of 300 bytes in it is too long" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_the_file_system_cannot_take_is_bad_input(monkeypatch, capsys):
+    """ENAMETOOLONG from a path the command line gave (run_dir=, an input file): exit 2."""
+    path = "/scratch/" + "a" * 300
+
+    def failing(cfg, origins):
+        raise OSError(errno.ENAMETOOLONG, "File name too long", path)
+
+    monkeypatch.setattr(train_module, "train", failing)
+    assert main(["train", "run_dir=runs/x"]) == 2
+    assert f"File name too long: {path}" in one_line(capsys)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config_keys import ConfigError, integer_option, number_option, split_assignment
+from .run.atomic import output_path
 
 PROG = f"python -m {__package__}"
 
@@ -141,7 +142,7 @@ def doctor(args: argparse.Namespace) -> int:
 def add_make_dataset(cmd: argparse.ArgumentParser) -> None:
     from .data import sources
 
-    cmd.add_argument("--out", type=Path, required=True, help="directory to write")
+    cmd.add_argument("--out", type=output_path, required=True, help="directory to write")
     source = sources.add_arguments(cmd)  # --stdlib, --text, --tokens, --hf, yours
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
     cmd.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
@@ -272,7 +273,7 @@ def add_export(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
     cmd.add_argument(
         "--out",
-        type=Path,
+        type=output_path,
         required=True,
         help="model.pt, model.safetensors, or a new directory",
     )
@@ -317,7 +318,7 @@ def add_plot(cmd: argparse.ArgumentParser) -> None:
         metavar="run_dir=DIR",
         help="the run directory (or a metrics.jsonl)",
     )
-    cmd.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
+    cmd.add_argument("--out", type=output_path, help="PNG file (default: next to metrics.jsonl)")
 
 
 def plot(args: argparse.Namespace) -> int:
@@ -332,7 +333,7 @@ def add_compare(cmd: argparse.ArgumentParser) -> None:
         "runs", type=run_dir_argument, nargs="+", metavar="run_dir=DIR", help="two runs or more"
     )
     help = "PNG file, or a directory for compare.png (default: the first run's directory)"
-    cmd.add_argument("--out", type=Path, help=help)
+    cmd.add_argument("--out", type=output_path, help=help)
 
 
 def compare(args: argparse.Namespace) -> int:
