@@ -1,6 +1,7 @@
 """The command line's error boundary: an expected failure ends in one line and an exit status,
 never a traceback (the faults themselves are injected; their real sources are tested elsewhere)."""
 
+import argparse
 import errno
 import socket
 import subprocess
@@ -142,3 +143,91 @@ def test_plot_skips_lines_that_are_not_records_and_names_the_file(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"python -m {PACKAGE} plot: error: no training records (with step and loss) in {metrics}"
     )
+
+
+def argparse_error(capsys) -> str:
+    """The one line of an argparse refusal: the error under the command's usage, no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    usage, _, rest = err.rpartition("\n" + f"python -m {PACKAGE}")
+    assert usage.startswith("usage: ") and rest.count("\n") == 1, err
+    return f"python -m {PACKAGE}{rest}".strip()
+
+
+# U+0663 ARABIC-INDIC DIGIT THREE and U+FF12 FULLWIDTH DIGIT TWO: Python's int() reads 3 and 2
+@pytest.mark.parametrize(
+    "argv, option, value",
+    [
+        (["make-dataset", "--out", "d", "--samples"], "--samples", "\u0663"),
+        (["make-dataset", "--out", "d", "--hf", "x", "--workers"], "--workers", "\u0663"),
+        (["make-dataset", "--out", "d", "--max-length"], "--max-length", "\uff12"),
+        (["make-dataset", "--out", "d", "--shard-mb"], "--shard-mb", "\uff12.5"),
+        (["train-tokenizer", "--text", "a", "--vocab-size"], "--vocab-size", "\u0663"),
+        (["generate", "run_dir=r", "--temperature"], "--temperature", "0.\u0663"),
+        (["generate", "run_dir=r", "--top-k"], "--top-k", "\uff12"),
+        (["doctor", "--timeout-s"], "--timeout-s", "\uff12"),
+        (["doctor", "--expect-busbw"], "--expect-busbw", "\u0663"),
+        (["doctor", "--sizes"], "--sizes", "\u0663M"),
+    ],
+)
+def test_a_numeric_option_takes_ascii_digits_only(capsys, argv, option, value):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, value])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert f"error: argument {option}: " in line and repr(value) in line, line
+
+
+def test_no_option_reads_numbers_with_pythons_int_or_float():
+    """Every numeric option of every command reads ASCII digits, as the config keys do."""
+    from {{ cookiecutter.package_name }}.commands import COMMANDS, PROG
+    from {{ cookiecutter.package_name }}.doctor.preflight import make_parser
+
+    parsers = [make_parser()]
+    for command in COMMANDS.values():
+        if command.add_arguments is not None:
+            parsers.append(argparse.ArgumentParser(prog=f"{PROG} {command.name}"))
+            command.add_arguments(parsers[-1])
+    typed = {(p.prog, a.dest): a.type for p in parsers for a in p._actions}
+    assert [where for where, kind in typed.items() if kind in (int, float)] == []
+
+
+def test_the_data_benchmark_takes_ascii_digits_only(capsys):
+    from {{ cookiecutter.package_name }}.data.benchmark import main as data_benchmark
+
+    with pytest.raises(SystemExit) as exit_:
+        data_benchmark(["--synthetic-mb", "1", "--tokenizer", "t", "--rounds", "\u0663"])
+    assert exit_.value.code == 2
+    assert "argument --rounds: expects an integer (ASCII digits)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["make-dataset", "--samples", "30"],
+        ["export", "run_dir=r"],
+        ["train-tokenizer", "--text", "a", "--vocab-size", "300"],
+        ["plot", "run_dir=r"],
+        ["compare", "run_dir=r", "run_dir=s"],
+    ],
+)
+def test_an_output_name_too_long_is_refused_before_anything_is_made(capsys, tmp_path, argv):
+    out = tmp_path / "new" / ("a" * 300)
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(out)])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert "error: argument --out: " in line and "a name of 300 bytes in it is too long" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_the_file_system_cannot_take_is_bad_input(monkeypatch, capsys):
+    """ENAMETOOLONG from a path the command line gave (run_dir=, an input file): exit 2."""
+    path = "/scratch/" + "a" * 300
+
+    def failing(cfg, origins):
+        raise OSError(errno.ENAMETOOLONG, "File name too long", path)
+
+    monkeypatch.setattr(train_module, "train", failing)
+    assert main(["train", "run_dir=runs/x"]) == 2
+    assert f"File name too long: {path}" in one_line(capsys)

@@ -2,13 +2,15 @@
 (the table of commands is commands.py) and the error boundary every command runs inside.
 
 Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
-error, 1 any other failure (including a run directory held by another live job), 128 + the
-signal's number when a signal stopped a command before training's own handlers took over.
+error (a file name too long included), 1 any other failure (including a run directory held by
+another live job), 128 + the signal's number when a signal stopped a command before training's
+own handlers took over.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import logging
 import signal
 import sys
@@ -91,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (RuntimeError, OSError, ValueError) as err:
         report_failure(name, err)
-        return 1
+        # a name longer than the file system takes is one the command line gave (run_dir=,
+        # an input file; --out is checked when parsed): bad input
+        return 2 if getattr(err, "errno", None) == errno.ENAMETOOLONG else 1
     except Exception:
         log.exception("failed")
         return 1

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config_keys import ConfigError, split_assignment
+from .config_keys import ConfigError, integer_option, number_option, split_assignment
+from .run.atomic import output_path
 
 PROG = f"python -m {__package__}"
 
@@ -141,16 +142,20 @@ def doctor(args: argparse.Namespace) -> int:
 def add_make_dataset(cmd: argparse.ArgumentParser) -> None:
     from .data import sources
 
-    cmd.add_argument("--out", type=Path, required=True, help="directory to write")
+    cmd.add_argument("--out", type=output_path, required=True, help="directory to write")
     source = sources.add_arguments(cmd)  # --stdlib, --text, --tokens, --hf, yours
     source.add_argument("--x", type=Path, help="MLP: inputs .npy (N, features)")
     cmd.add_argument("--y", type=Path, help="MLP: integer labels .npy (N,)")
-    cmd.add_argument("--samples", type=int, default=16384, help="MLP synthetic: samples")
-    cmd.add_argument("--features", type=int, default=64, help="MLP synthetic: input features")
+    cmd.add_argument("--samples", type=integer_option, default=16384, help="MLP synthetic: samples")
     cmd.add_argument(
-        "--classes", type=int, help="MLP: number of classes (synthetic: 10; .npy: max label + 1)"
+        "--features", type=integer_option, default=64, help="MLP synthetic: input features"
     )
-    cmd.add_argument("--seed", type=int, default=1234, help="MLP synthetic: seed")
+    cmd.add_argument(
+        "--classes",
+        type=integer_option,
+        help="MLP: number of classes (synthetic: 10; .npy: max label + 1)",
+    )
+    cmd.add_argument("--seed", type=integer_option, default=1234, help="MLP synthetic: seed")
 
 
 def make_dataset(args: argparse.Namespace) -> int:
@@ -203,11 +208,13 @@ def add_generate(cmd: argparse.ArgumentParser) -> None:
     prompt.add_argument(
         "--chat", metavar="MESSAGE", help="a user's message, in the tokenizer's chat template"
     )
-    cmd.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
-    cmd.add_argument("--temperature", type=float, default=0.8)
-    cmd.add_argument("--top-k", type=int, default=200)
+    cmd.add_argument(
+        "--tokens", type=integer_option, default=200, help="number of tokens to generate"
+    )
+    cmd.add_argument("--temperature", type=number_option, default=0.8)
+    cmd.add_argument("--top-k", type=integer_option, default=200)
     cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--seed", type=integer_option, default=0)
     cmd.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
     )
@@ -265,7 +272,10 @@ def evaluate(args: argparse.Namespace) -> int:
 def add_export(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
     cmd.add_argument(
-        "--out", type=Path, required=True, help="model.pt, model.safetensors, or a new directory"
+        "--out",
+        type=output_path,
+        required=True,
+        help="model.pt, model.safetensors, or a new directory",
     )
     cmd.add_argument(
         "--format",
@@ -308,7 +318,7 @@ def add_plot(cmd: argparse.ArgumentParser) -> None:
         metavar="run_dir=DIR",
         help="the run directory (or a metrics.jsonl)",
     )
-    cmd.add_argument("--out", type=Path, help="PNG file (default: next to metrics.jsonl)")
+    cmd.add_argument("--out", type=output_path, help="PNG file (default: next to metrics.jsonl)")
 
 
 def plot(args: argparse.Namespace) -> int:
@@ -323,7 +333,7 @@ def add_compare(cmd: argparse.ArgumentParser) -> None:
         "runs", type=run_dir_argument, nargs="+", metavar="run_dir=DIR", help="two runs or more"
     )
     help = "PNG file, or a directory for compare.png (default: the first run's directory)"
-    cmd.add_argument("--out", type=Path, help=help)
+    cmd.add_argument("--out", type=output_path, help=help)
 
 
 def compare(args: argparse.Namespace) -> int:

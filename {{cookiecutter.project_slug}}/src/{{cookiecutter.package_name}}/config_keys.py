@@ -12,14 +12,16 @@ names (`GPTKeys`); a run's Config holds it under the model's name (`cfg.gpt.pres
 about a key is in its declaration: its type (that of the default), the values it
 accepts, whether a checkpoint written with another value may continue, and the line of help the
 docs table shows; validation, the defaults check of configs/default.toml and the docs table are
-derived from it. Beside the keys: the one parser of the `key=value` spelling, the one reader of
-a TOML file, one-line error messages, the import of an optional package and the loader of the
-registries (models, dataset kinds). This module imports
-nothing of the package, so every other one can use it.
+derived from it. Beside the keys: the one parser of the `key=value` spelling, the one reading
+of a number (config keys and numeric command-line options), the one reader of a TOML file,
+one-line error messages, the import of an optional package and the loader of the registries
+(models, dataset kinds). This module imports nothing of the package, so every other one can
+use it.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import math
@@ -106,8 +108,8 @@ def shown(value: Any) -> str:
 AUTO = ("auto", "true", "false")  # the choices of a key whose default decides by the hardware
 
 _FORMS = {
-    int: "an integer, e.g. 100",
-    float: "a number, e.g. 0.001",
+    int: "an integer (ASCII digits), e.g. 100",
+    float: "a number (ASCII digits), e.g. 0.001",
     bool: "true or false",
     str: "a string",
 }
@@ -217,9 +219,7 @@ def _convert(key: str, kind: type, value: Any) -> Any:
             return text
         if isinstance(value, bool) or (kind is int and isinstance(value, float)):
             raise ValueError(value)
-        if isinstance(value, str) and not value.strip().isascii():  # int("١٢") is 12
-            raise ValueError(value)
-        result = kind(value)
+        result = read_number(kind, value)
         if kind is float and not math.isfinite(result):
             raise ValueError(value)
         return result
@@ -229,6 +229,33 @@ def _convert(key: str, kind: type, value: Any) -> Any:
         raise ConfigError(
             f"config key {key!r} expects {_FORMS[kind]}, got {shown(value)}"
         ) from None
+
+
+def read_number(kind: type, value: str | int | float) -> int | float:
+    """`value` as `kind` (int or float), the one reading of a number: a config key's and a
+    command-line option's. ASCII digits only: Python's int("١٢") is 12 and float("２") is 2.0;
+    ValueError for those. (A command checks its options' ranges, nan and inf included, itself.)"""
+    if isinstance(value, str) and not value.strip().isascii():
+        raise ValueError(value)
+    return kind(value)
+
+
+def integer_option(text: str) -> int:
+    """The argparse type of an integer option (--workers): read as a config key's value is."""
+    return _option(int, text)
+
+
+def number_option(text: str) -> float:
+    """The argparse type of a number option (--temperature): read as a config key's value is."""
+    return _option(float, text)
+
+
+def _option(kind: type, text: str) -> int | float:
+    try:
+        return read_number(kind, text)
+    except ValueError:
+        # argparse prints it as "argument --workers: expects ..." under its usage, exit 2
+        raise argparse.ArgumentTypeError(f"expects {_FORMS[kind]}, got {shown(text)}") from None
 
 
 # ------------------------------------------------------------------ checkpoint_every, parsed once

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..config_keys import optional_import
+from ..config_keys import integer_option, optional_import
 from . import hf_datasets
 from .tokenizer import load_tokenizer
 from .tokens import DatasetError, stdlib_files
@@ -128,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", metavar="SOURCE", help="as make-dataset --hf")
-    source.add_argument("--synthetic-mb", type=int, metavar="N", help="a generated N MiB corpus")
+    source.add_argument(
+        "--synthetic-mb", type=integer_option, metavar="N", help="a generated N MiB corpus"
+    )
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--split", default="train")
     parser.add_argument("--column", default="text")
-    parser.add_argument("--workers", type=int, help="default: as make-dataset")
-    parser.add_argument("--rounds", type=int, default=1, help="alternated runs (medians)")
+    parser.add_argument("--workers", type=integer_option, help="default: as make-dataset")
+    parser.add_argument(
+        "--rounds", type=integer_option, default=1, help="alternated runs (medians)"
+    )
     parser.add_argument("--tmp", type=Path, help="where to write (default: $TMPDIR)")
     args = parser.parse_args(argv)
     try:

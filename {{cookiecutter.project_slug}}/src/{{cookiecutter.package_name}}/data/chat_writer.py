@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, optional_import
+from ..config_keys import first_line, integer_option, optional_import
 from .chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names, sample_entry
 from .hf_datasets import open_source
 from .info import INDEX_FILE
@@ -405,7 +405,7 @@ def add_arguments(make, source) -> None:
     )
     make.add_argument(
         "--max-length",
-        type=int,
+        type=integer_option,
         default=2048,
         help="with --chat: tokens per conversation, at most the model's context (default 2048)",
     )

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, optional_import
+from ..config_keys import first_line, integer_option, optional_import
+from ..run.atomic import output_path
 from .shards import write_shards
 from .sources import DatasetSource
 from .tokenizer import companion_files, document_separator, load_tokenizer, vocabulary_size
@@ -335,7 +336,7 @@ def add_arguments(make, source) -> None:
     )
     make.add_argument(
         "--workers",
-        type=int,
+        type=integer_option,
         help="with --hf: tokenizer threads (default: SLURM_CPUS_PER_TASK, else the CPUs given)",
     )
     make.add_argument(
@@ -353,8 +354,8 @@ def add_train_tokenizer(cmd) -> None:
     )
     cmd.add_argument("--split", default="train", help="with --hf: the split (default: train)")
     cmd.add_argument("--column", default="text", help="with --hf: the text column (default: text)")
-    cmd.add_argument("--vocab-size", type=int, required=True, help="ids, at least 257")
-    cmd.add_argument("--out", type=Path, required=True, help="the tokenizer.json to write")
+    cmd.add_argument("--vocab-size", type=integer_option, required=True, help="ids, at least 257")
+    cmd.add_argument("--out", type=output_path, required=True, help="the tokenizer.json to write")
 
 
 def make_dataset(args) -> dict:

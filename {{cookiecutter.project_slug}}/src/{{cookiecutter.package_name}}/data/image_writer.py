@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line
+from ..config_keys import first_line, number_option
 from .hf_datasets import default_workers
 from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image, read_index
 from .shards import publish, temporary_directory, write_json
@@ -256,12 +256,12 @@ def add_arguments(make, source) -> None:
     make.add_argument("--val", type=Path, metavar="DIR", help="with --images: validation images")
     make.add_argument(
         "--val-fraction",
-        type=float,
+        type=number_option,
         help=f"with --images: the share of each class held out (default {DEFAULT_VAL_FRACTION})",
     )
     make.add_argument(
         "--shard-mb",
-        type=float,
+        type=number_option,
         default=DEFAULT_SHARD_MB,
         help=f"with --images: shard size in MB (default {DEFAULT_SHARD_MB})",
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config_keys import integer_option
 from ..run.lock import pid_alive
 from .sources import DatasetSource
 from .tokens import (
@@ -159,7 +160,7 @@ def add_text(make, source) -> None:
 def add_tokens(make, source) -> None:
     help = "GPT: tokens from any tokenizer, .npy (1-D integers) or .bin (uint16)"
     source.add_argument("--tokens", type=Path, metavar="FILE", help=help)
-    make.add_argument("--vocab-size", type=int, help="with --tokens: the tokenizer's vocabulary")
+    make.add_argument("--vocab-size", type=integer_option, help="with --tokens: the vocab size")
 
 
 def write_tokens(args) -> dict:
@@ -228,8 +229,7 @@ def write_shards(
     is a no-op that returns the existing index; otherwise it is an error and `out` is left as it
     was. A non-empty `out` that is not a dataset is never touched. Only a run killed with SIGKILL
     (or a node failure) leaves its `.<out>.tmp-<host>-<pid>-*` directory behind; it is never
-    read, and the next write to `out` removes it or names it (`clear_leftovers`).
-    """
+    read, and the next write to `out` removes it or names it (`clear_leftovers`)."""
     out = Path(out)
     if not 0.0 < val_fraction < 1.0:
         raise DatasetError(f"{out}: val_fraction must be in (0, 1), got {val_fraction!r}")

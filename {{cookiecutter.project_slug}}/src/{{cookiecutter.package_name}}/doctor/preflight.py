@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
-from ..config_keys import first_line
+from ..config_keys import first_line, number_option
 from ..distributed import DistEnv, LaunchError, wait_for_master
 from . import nodes as doctor_nodes
 from .checks import (
@@ -114,7 +114,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     """`1M,64M,1G` -> bytes (K/M/G are powers of 1024; a plain number is bytes)."""
     sizes = []
     for item in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", item, re.I)
+        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", item, re.I | re.ASCII)
         if match is None or int(match.group(1)) == 0:
             raise argparse.ArgumentTypeError(
                 f"bad size {item.strip()!r} in --sizes: use e.g. 1M,64M,1G"
@@ -341,12 +341,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--expect-busbw",
-        type=float,
+        type=number_option,
         metavar="GBPS",
         help="expected all-reduce bus bandwidth in GB/s (default: Alps figures on GPUs)",
     )
     parser.add_argument(
-        "--timeout-s", type=float, default=120.0, help="give up on a peer after this long"
+        "--timeout-s", type=number_option, default=120.0, help="give up on a peer after this long"
     )
     return parser
 

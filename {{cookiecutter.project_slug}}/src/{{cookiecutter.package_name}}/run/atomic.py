@@ -4,11 +4,20 @@ point leaves the old file or the new one, never a partial one, and no temp file 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ..config_keys import shown
+
+# A name in a path takes at most 255 bytes (NAME_MAX on Linux, Lustre included). The writers put
+# a new name's data under a longer hidden one first (`.NAME.tmp-HOST-PID-xxxxxxxx`): the last
+# name of an output path leaves room for that.
+NAME_MAX = 255
+TEMP_ROOM = 64
 
 
 def fsync(path: Path) -> None:
@@ -23,6 +32,22 @@ def fsync(path: Path) -> None:
 def temp_name(path: Path) -> Path:
     """Hidden, next to `path` (same file system, so the rename is atomic), unique per process."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def output_path(text: str) -> Path:
+    """The argparse type of a path a command writes (--out): a name in it that the file system
+    cannot take is refused on the command line (exit 2), before any folder of it is made."""
+    path = Path(text)
+    limits = [(name, NAME_MAX) for name in path.parts[:-1]] + [(path.name, NAME_MAX - TEMP_ROOM)]
+    for name, limit in limits:
+        size = len(os.fsencode(name))
+        if size > limit:
+            raise argparse.ArgumentTypeError(
+                f"{shown(text)}: a name of {size} bytes in it is too long (a file system takes "
+                f"{NAME_MAX}; the last name at most {NAME_MAX - TEMP_ROOM}, as it is written "
+                "under a longer temporary name first)"
+            )
+    return path
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
