@@ -39,6 +39,20 @@ def test_a_batch_is_a_function_of_the_step_alone():
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
+def test_inline_input_gathers_several_steps_of_arrays_at_once(monkeypatch):
+    """Without loader processes the arrays' micro-batches are those `batch` reads one by one,
+    in order, from any start step (across an epoch's end), gathered DRAW_AHEAD_STEPS at once."""
+    source, batches = source_and_batches(rank=1, start_step=5, samples_seen=5 * 16)
+    calls = []
+    gather_many = source.train.gather_many
+    monkeypatch.setattr(source.train, "gather_many", lambda c: calls.append(c) or gather_many(c))
+    inline = list(data.micro_batches(batches, 80, workers=0, pin=False))  # 1000 samples an epoch
+    assert len(inline) == 75 * 2 and [len(c) for c in calls] == [20] * 7 + [10]
+    for k, (x, y) in enumerate(inline):
+        expected_x, expected_y = batches.batch(5 + k // 2, k % 2)
+        assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
+
+
 def test_every_sample_once_per_epoch_and_ranks_disjoint():
     source, rank0 = source_and_batches(rank=0)
     _, rank1 = source_and_batches(rank=1)

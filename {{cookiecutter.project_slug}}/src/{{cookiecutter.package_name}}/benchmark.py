@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, distributed
 from .checkpoint.initial import load_initial_weights, open_initial
 from .config.settings import Config
-from .data.batches import DRAW_AHEAD_STEPS, map_tensors, resolve_num_workers
+from .data.batches import DRAW_AHEAD_STEPS, draws_ahead, map_tensors, resolve_num_workers
 from .data.plain_loader import (
     PREFETCH_FACTOR,
     plain_batches,
@@ -203,10 +203,10 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     # While one loop runs, the other's loader fills its queue (PREFETCH_FACTOR batches per
     # process): blocks are long beside that, so most of their steps wait as in training.
     block = max(BLOCK, 4 * PREFETCH_FACTOR * workers) if decoded else BLOCK
-    if run.source.draw_many is not None:
-        # Token windows are drawn DRAW_AHEAD_STEPS steps at a time without loader processes: a
-        # block of as many steps holds exactly one draw, so its time per step is the true mean
-        # (a median of shorter blocks would skip the blocks that draw).
+    if draws_ahead(run.source) and workers == 0:
+        # Token windows and arrays are read DRAW_AHEAD_STEPS steps at a time without loader
+        # processes: a block of as many steps holds exactly one read, so its time per step is
+        # the true mean (a median of shorter blocks would skip the blocks that read).
         block = DRAW_AHEAD_STEPS
     blocks, warmup = -(-cfg.bench_steps // block), cfg.bench_warmup  # whole blocks, rounded up
     _, inputs = input_pipeline(run, warmup + blocks * block + 2)

@@ -38,11 +38,20 @@ class Arrays:
         self.y = torch.as_tensor(np.asarray(self.y)).to(device)
 
     def gather(self, idx: np.ndarray):
-        idx = np.sort(idx)  # memmap pages in file order; the order within a batch is irrelevant
+        return self.gather_many([idx])[0]
+
+    def gather_many(self, chunks: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`gather` of each chunk of rows, read in one go (one call's fixed cost for several
+        batches, as token windows are drawn: data/batches.py, DRAW_AHEAD_STEPS)."""
+        # each chunk sorted: memmap pages in file order; the order within a batch is irrelevant
+        idx = np.concatenate([np.sort(chunk) for chunk in chunks])
         if isinstance(self.x, torch.Tensor):
             index = torch.from_numpy(idx).to(self.x.device, non_blocking=True)
-            return self.x[index], self.y[index]
-        return torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
+            x, y = self.x[index], self.y[index]
+        else:
+            x, y = torch.from_numpy(np.take(self.x, idx, axis=0)), torch.from_numpy(self.y[idx])
+        sizes = [len(chunk) for chunk in chunks]
+        return list(zip(x.split(sizes), y.split(sizes), strict=True))
 
 
 class ArraySplit(Dataset):
@@ -61,6 +70,9 @@ class ArraySplit(Dataset):
 
     def gather(self, indices: np.ndarray):
         return self.arrays.gather(self.start + np.asarray(indices, dtype=np.int64))
+
+    def gather_many(self, chunks: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.arrays.gather_many([self.start + np.asarray(c, dtype=np.int64) for c in chunks])
 
 
 def splits(x, y, num_classes: int, fingerprint: str, eval_samples: int) -> Splits:

@@ -62,10 +62,16 @@ class DataKeys:
 
 
 PREFETCH_FACTOR = 4  # micro-batches each loader process prepares ahead
-# Without loader processes, a kind with `draw_many` (token windows) draws the micro-batches of
-# this many steps at once: after a training step the CPU caches are cold, and a draw's fixed cost
-# (about 0.5 ms on a busy 2-core machine, ten times its warm time) is then paid once per block.
+# Without loader processes, a kind with `draw_many` (token windows) or whose split gathers many
+# batches at once (arrays: `gather_many`) reads the micro-batches of this many steps together:
+# after a training step the CPU caches are cold, and a read's fixed cost (about 0.5 ms for token
+# windows on a busy 2-core machine, ten times its warm time) is then paid once per block.
 DRAW_AHEAD_STEPS = 10
+
+
+def draws_ahead(data: Splits) -> bool:
+    """Whether this process reads DRAW_AHEAD_STEPS steps' micro-batches at once (no loaders)."""
+    return data.draw_many is not None or hasattr(data.train, "gather_many")
 
 
 class SampleStream:
@@ -246,19 +252,27 @@ class StepBatches:
         cfg, data = self.cfg, self.data
         if data.draw is not None:
             return data.draw(cfg.seed, step, micro, self.rank, cfg.batch_size)
-        start = self.samples_seen(step) + (micro * self.world + self.rank) * cfg.batch_size
-        indices, epochs = self.stream.take(start, cfg.batch_size)
+        indices, epochs = self.samples(step, micro)
         return read_samples(data.train, indices, epochs, cfg.seed, data.collate)
+
+    def samples(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
+        """The sample indices of this rank's micro-batch (and the epoch of each)."""
+        start = self.samples_seen(step) + (micro * self.world + self.rank) * self.cfg.batch_size
+        return self.stream.take(start, self.cfg.batch_size)
 
     def inline(self, stop_step: int) -> Iterator:
         """Every micro-batch from the start step to `stop_step`, in order, read in this process:
-        DRAW_AHEAD_STEPS steps at once where the kind can (`draw_many`), else one by one."""
+        DRAW_AHEAD_STEPS steps at once where the kind can (`draw_many`, or a split's
+        `gather_many`: the same batches), else one by one."""
         cfg, accum = self.cfg, self.cfg.grad_accum_steps
+        gather_many = None if self.stream is None else getattr(self.data.train, "gather_many", None)
         for first in range(self.start_step, stop_step, DRAW_AHEAD_STEPS):
             steps = range(first, min(first + DRAW_AHEAD_STEPS, stop_step))
             keys = [(step, micro) for step in steps for micro in range(accum)]
             if self.data.draw_many is not None:
                 yield from self.data.draw_many(cfg.seed, keys, self.rank, cfg.batch_size)
+            elif gather_many is not None:
+                yield from gather_many([self.samples(step, micro)[0] for step, micro in keys])
             else:
                 yield from (self.batch(step, micro) for step, micro in keys)
 
