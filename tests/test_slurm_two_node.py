@@ -138,8 +138,8 @@ def test_two_node_cluster_runs_a_step_on_each_host(cluster, tmp_path):
 def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
     cluster, repo, tmp_path, dataset
 ):
-    """container + srun, DDP, one rank on each node: USR2 reaches both ranks, one checkpoint is
-    written, the job requeues and resumes; its final checkpoint equals that of an uninterrupted
+    """container + srun, DDP, one rank on each node: USR2 sent to the job stops both ranks at
+    one step, one checkpoint is written, the job requeues and resumes; its final checkpoint equals that of an uninterrupted
     run (a second job, alongside) bit for bit: model, optimizer, scheduler and RNG states."""
     target = repo("default", "container")
     sub = jobs.submit(
@@ -174,7 +174,11 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         assert job.state == "COMPLETED" and job.restarts == 1
         stops = re.findall(r"\[rank(\d)\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
         assert sorted(rank for rank, _, _ in stops) == ["0", "1"], stops
-        assert {reason for *_, reason in stops} == {"received SIGUSR2"}, "every rank got it"
+        # scancel signals both nodes' tasks, not at the same instant: a rank the signal reaches
+        # after the ranks' agreement step stops because the other asked, at the same step
+        reasons = [reason for *_, reason in stops]
+        assert "received SIGUSR2" in reasons, stops
+        assert set(reasons) <= {"received SIGUSR2", "another rank asked to stop"}, stops
         stop_step = int(stops[0][1])
         assert {int(step) for _, step, _ in stops} == {stop_step} and stop_step < jobs.PREEMPT_STEPS
         assert f"requeueing job {sub.job_id}" in text
