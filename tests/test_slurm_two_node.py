@@ -139,8 +139,9 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
     cluster, repo, tmp_path, dataset
 ):
     """container + srun, DDP, one rank on each node: USR2 sent to the job stops both ranks at
-    one step, one checkpoint is written, the job requeues and resumes; its final checkpoint equals that of an uninterrupted
-    run (a second job, alongside) bit for bit: model, optimizer, scheduler and RNG states."""
+    one step, one checkpoint is written, the job requeues and resumes; its final checkpoint
+    equals that of an uninterrupted run (a second job, alongside) bit for bit: model,
+    optimizer, scheduler and RNG states."""
     target = repo("default", "container")
     sub = jobs.submit(
         cluster,
