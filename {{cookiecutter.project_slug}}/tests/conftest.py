@@ -240,6 +240,22 @@ def assert_same_training_state(run_a: Path, run_b: Path, step: int) -> None:
         assert_identical(a[part], b[part], part)
 
 
+def kill_9_then_resume(argv: list[str], run_dir: Path, log_dir: Path, kill_at: int, final: int):
+    """2 ranks of `argv` (which trains into `run_dir` up to step `final`) killed with SIGKILL
+    once step `kill_at` is logged, then the same command again: it resumes from a checkpoint
+    written before the kill and finishes. The caller compares the result with its reference."""
+    ranks = Ranks(argv, log_dir / "killed")
+    ranks.wait_for_step(run_dir, kill_at)  # some step between checkpoints
+    assert ranks.running(), "the run finished before it could be killed"
+    ranks.send(signal.SIGKILL)
+    ranks.wait()
+    killed_at = checkpoint_steps(run_dir)
+    assert killed_at and max(killed_at) < final, killed_at
+    again = Ranks(argv, log_dir / "again")
+    assert again.wait() == [0, 0], again.log(0)[-3000:]
+    assert "RESUMING" in again.log(0)
+
+
 def finished_reference(tmp_path_factory, name: str, extra: list[str]) -> Path:
     run_dir = tmp_path_factory.mktemp(name) / "run"
     ranks = train_ranks(run_dir, run_dir.parent / "logs", extra)

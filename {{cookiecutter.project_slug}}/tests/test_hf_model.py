@@ -6,7 +6,6 @@ transformers are the original model's (lr=1e-12: the weights barely move)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -21,6 +20,7 @@ from conftest import (
     assert_same_training_state,
     checkpoint_steps,
     clean_env,
+    kill_9_then_resume,
     load_checkpoint,
     two_ranks,
 )
@@ -144,14 +144,8 @@ def test_kill_9_then_the_same_command_resumes_bit_exactly(tmp_path):
     ranks = Ranks(args(tmp_path / "model", reference, *real), tmp_path / "logs0")
     assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
     run_dir = tmp_path / "run"
-    ranks = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs1")
-    ranks.wait_for_step(run_dir, 27)
-    ranks.send(signal.SIGKILL)
-    ranks.wait()
-    assert max(checkpoint_steps(run_dir)) < 40
-    again = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs2")
-    assert again.wait() == [0, 0], again.log(0)[-3000:]
-    assert "RESUMING" in again.log(0)
+    argv = args(tmp_path / "model", run_dir, *real)
+    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at=27, final=40)
     assert_same_training_state(reference, run_dir, 40)
 
 

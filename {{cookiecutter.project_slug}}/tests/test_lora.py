@@ -6,7 +6,6 @@ adapter export in peft, both with the package's logits; bad input is one line.""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -18,8 +17,8 @@ from conftest import (
     TIMEOUT_S,
     Ranks,
     assert_same_training_state,
-    checkpoint_steps,
     clean_env,
+    kill_9_then_resume,
     load_checkpoint,
     one_line,
 )
@@ -97,14 +96,8 @@ def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_p
     ranks = Ranks(args(tmp_path / "model", reference, *real), tmp_path / "logs0")
     assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
     run_dir = tmp_path / "run"
-    ranks = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs1")
-    ranks.wait_for_step(run_dir, 6)
-    ranks.send(signal.SIGKILL)
-    ranks.wait()
-    assert max(checkpoint_steps(run_dir)) < 12
-    again = Ranks(args(tmp_path / "model", run_dir, *real), tmp_path / "logs2")
-    assert again.wait() == [0, 0], again.log(0)[-3000:]
-    assert "RESUMING" in again.log(0)
+    argv = args(tmp_path / "model", run_dir, *real)
+    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at=6, final=12)
     assert_same_training_state(reference, run_dir, 12)
 
     saved = load_checkpoint(run_dir, 12)

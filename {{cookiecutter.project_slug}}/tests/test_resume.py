@@ -9,8 +9,10 @@ import signal
 
 import pytest
 from conftest import (
+    TINY,
     assert_same_training_state,
     checkpoint_steps,
+    kill_9_then_resume,
     last_logged_step,
     train_ranks,
 )
@@ -27,17 +29,8 @@ def test_reference_run_finished(reference_run):
 
 def kill_mid_run_then_resume(reference, tmp_path, extra=()):
     run_dir = tmp_path / "run"
-    ranks = train_ranks(run_dir, tmp_path / "logs1", list(extra))
-    ranks.wait_for_step(run_dir, 47)  # some arbitrary step, not a checkpoint step
-    assert ranks.running(), "the run finished before it could be killed"
-    ranks.send(signal.SIGKILL)
-    ranks.wait()
-    killed_at = checkpoint_steps(run_dir)
-    assert killed_at and max(killed_at) < FINAL
-
-    again = train_ranks(run_dir, tmp_path / "logs2", list(extra))
-    assert again.wait() == [0, 0], again.log(0)[-3000:]
-    assert "RESUMING" in again.log(0)
+    argv = [*TINY, f"run_dir={run_dir}", *extra]
+    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at=47, final=FINAL)
     assert_same_training_state(reference, run_dir, FINAL)
 
 
