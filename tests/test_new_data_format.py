@@ -21,7 +21,8 @@ def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
     """A copy of the default bake with the docs' source module and registry line added."""
     repo = tmp_path_factory.mktemp("own-format") / "repo"
     return repo, add_from_docs(
-        bake("default"), repo, "data.md", "data/id_lines.py", "data/sources.py", '"hf_datasets",'
+        bake("default"), repo, "data.md", "make_dataset/id_lines.py", "make_dataset/sources.py",
+        '"hf_datasets",',
     )
 
 

@@ -25,20 +25,7 @@ def package(repo) -> str:
 
 def test_package_layout(repo, package):
     src = repo / "src" / package
-    modules = {
-        "__init__",
-        "__main__",
-        "benchmark",
-        "cli",
-        "commands",
-        "config_keys",
-        "distributed",
-        "evaluate",
-        "generate",
-        "optim",
-        "parallel",
-        "train",
-    }
+    modules = {"__init__", "__main__", "cli", "config_keys", "distributed", "optim", "parallel"}
     assert {p.stem for p in src.glob("*.py")} == modules
     packages = {
         "checkpoint": {
@@ -53,33 +40,37 @@ def test_package_layout(repo, package):
             "manager",
             "state",
         },
+        "commands": {
+            *("__init__", "arguments", "benchmark", "compare", "doctor", "evaluate", "export"),
+            *("generate", "keys", "make_dataset", "plot", "train", "train_tokenizer"),
+        },
         "config": {"__init__", "files", "resume", "settings"},
         "data": {
             "__init__",
             "arrays",
             "batches",
-            "benchmark",
             "chat",
-            "chat_writer",
-            "hf_datasets",
-            "image_writer",
+            "directory",
             "images",
             "info",
             "kinds",
             "plain_loader",
             "prefetch",
-            "shards",
-            "sources",
             "tokenizer",
             "tokens",
             "windows",
         },
         "doctor": {"__init__", "checks", "nodes", "preflight", "vision"},
+        "make_dataset": {
+            *("__init__", "arrays", "benchmark", "chat", "hf_datasets", "images", "sources"),
+            *("text_files", "tokenizer", "tokens"),
+        },
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision"},
         "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
         "telemetry": {
             *("__init__", "compare", "console", "metrics", "profiling", "timing", "tracking"),
         },
+        "training": {"__init__", "baselines", "build", "loop", "start", "step"},
     }
     folders = {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(packages)
@@ -95,7 +86,7 @@ def test_only_the_registry_and_the_gpt_module_know_the_gpt_by_name(repo, package
     src = repo / "src" / package
     naming = {str(p.relative_to(src)) for p in src.rglob("*.py") if '"gpt"' in p.read_text()}
     # and ShareGPT's name for the assistant's role, read by make-dataset --chat
-    assert naming == {"models/__init__.py", "models/gpt.py", "data/chat_writer.py"}
+    assert naming == {"models/__init__.py", "models/gpt.py", "make_dataset/chat.py"}
 
 
 def test_every_module_of_the_package_stays_short(repo, package):

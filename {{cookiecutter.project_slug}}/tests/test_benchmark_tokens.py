@@ -10,15 +10,17 @@ import pytest
 import torch
 from conftest import TINY
 
-from {{ cookiecutter.package_name }} import benchmark, distributed
+from {{ cookiecutter.package_name }} import distributed
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.data import batches as data
-from {{ cookiecutter.package_name }}.data import plain_loader, shards
+from {{ cookiecutter.package_name }}.data import plain_loader
 from {{ cookiecutter.package_name }}.data.kinds import open_splits
 from {{ cookiecutter.package_name }}.data.tokens import TokenDataset
+from {{ cookiecutter.package_name }}.make_dataset import text_files
 from {{ cookiecutter.package_name }}.models import spec_of
-from {{ cookiecutter.package_name }}.train import build
+from {{ cookiecutter.package_name }}.training import baselines
+from {{ cookiecutter.package_name }}.training.build import build
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def token_shards(tmp_path_factory):
     """30,000 byte tokens (i % 251: windows at different positions differ) in shards of 4096."""
     root = tmp_path_factory.mktemp("bench-tokens")
     np.save(root / "ids.npy", np.arange(30000) % 251)
-    shards.write_token_dataset(
+    text_files.write_token_dataset(
         root / "ids.npy", 256, root / "ds", shard_tokens=4096, min_val_tokens=2000
     )
     return root / "ds"
@@ -64,7 +66,7 @@ def test_with_one_rank_the_loops_step_the_runs_own_model(token_shards, single_pr
     with distributed.process_group(cfg.dist_timeout_s, 1, "cpu") as (env, device):
         run = build(cfg, env, device)
         batch = run.source.draw(cfg.seed, 0, 0, 0, cfg.batch_size)
-        for loop in (benchmark.bare_loop(run, batch), benchmark.inline_loop(run)):
+        for loop in (baselines.bare_loop(run, batch), baselines.inline_loop(run)):
             before = [p.detach().clone() for p in run.model.parameters()]
             steps_before = [float(s.get("step", 0)) for s in run.optimizer.state.values()]
             loop.step()

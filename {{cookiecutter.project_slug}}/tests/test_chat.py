@@ -23,12 +23,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import chat  # noqa: E402
-from {{ cookiecutter.package_name }}.data.chat_writer import write_chat_dataset  # noqa: E402
-from {{ cookiecutter.package_name }}.data.tokens import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset.chat import write_chat_dataset  # noqa: E402
 from {{ cookiecutter.package_name }}.models import gpt, hf  # noqa: E402
 from {{ cookiecutter.package_name }}.models.spec import LANGUAGE_MODEL  # noqa: E402
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records  # noqa: E402
-from {{ cookiecutter.package_name }}.train import train_step  # noqa: E402
+from {{ cookiecutter.package_name }}.training.step import train_step  # noqa: E402
 
 # ChatML, the chat template of Qwen2's tokenizers, in short; written with [ ] for Jinja's { }
 # (a generated file holds no Jinja delimiters: the template repository renders this one)

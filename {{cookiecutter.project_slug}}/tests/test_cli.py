@@ -63,7 +63,7 @@ def test_the_benchmark_ratio_pairs_the_blocks_of_each_round():
 
 
 def test_the_benchmark_sentence_names_a_slow_input_and_judges_the_ratio_as_printed():
-    from {{ cookiecutter.package_name }}.benchmark import verdict
+    from {{ cookiecutter.package_name }}.commands.benchmark import verdict
 
     slow_input = verdict({"ratio": 1.39, "device": "cpu", "data_wait_fraction": 0.21})
     assert "the package's step waited 21% of its time for its input" in slow_input
@@ -192,15 +192,8 @@ def test_commands_that_do_not_train_start_without_distributed_checkpointing(tmp_
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]
 
 
-# The modules that write datasets, and the packages only they use (the [data] extra).
-DATASET_WRITERS = {
-    f"{PACKAGE}.data.hf_datasets",
-    f"{PACKAGE}.data.sources",
-    f"{PACKAGE}.data.shards",
-    f"{PACKAGE}.data.tokenizer",
-    "datasets",
-    "tokenizers",
-}
+# The packages only the dataset writers use (the [data] extra); the writers are make_dataset/.
+WRITER_PACKAGES = {"datasets", "tokenizers"}
 
 
 def test_train_imports_no_dataset_writer(tmp_path):
@@ -221,13 +214,14 @@ def test_train_imports_no_dataset_writer(tmp_path):
         for line in proc.stderr.splitlines()
         if line.startswith("import time:")
     }
-    assert f"{PACKAGE}.train" in imported  # the probe sees the package's imports
-    assert not imported & DATASET_WRITERS, sorted(imported & DATASET_WRITERS)
+    assert f"{PACKAGE}.training.loop" in imported  # the probe sees the package's imports
+    writers = {name for name in imported if name.startswith(f"{PACKAGE}.make_dataset")}
+    assert not writers | imported & WRITER_PACKAGES, sorted(writers | imported & WRITER_PACKAGES)
 
 
 def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
     """What a rank sees when a peer hangs (gloo's message): one ERROR line, no traceback."""
-    import {{ cookiecutter.package_name }}.train
+    import {{ cookiecutter.package_name }}.training.loop
 
     def hung_peer(cfg, origins):
         raise RuntimeError(
@@ -235,7 +229,7 @@ def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
             "20000ms for recv operation to complete"
         )
 
-    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", hung_peer)
+    monkeypatch.setattr({{ cookiecutter.package_name }}.training.loop, "train", hung_peer)
     assert main([*TINY, "max_steps=1"]) == 1
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert "did not complete within dist_timeout_s" in record.getMessage()
@@ -246,7 +240,7 @@ def test_a_collective_timeout_is_named_in_one_line(monkeypatch, capsys, caplog):
 def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
     """What the other ranks see when one is killed (kill -9, the OOM killer): gloo's message
     ended in "ERROR failed" and a traceback; now one ERROR line naming the cause."""
-    import {{ cookiecutter.package_name }}.train
+    import {{ cookiecutter.package_name }}.training.loop
 
     def peer_killed(cfg, origins):
         raise RuntimeError(
@@ -255,7 +249,7 @@ def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
             "bugs in the application."
         )
 
-    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", peer_killed)
+    monkeypatch.setattr({{ cookiecutter.package_name }}.training.loop, "train", peer_killed)
     assert main([*TINY, "max_steps=1"]) == 1
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.getMessage().startswith("another rank's process ended during a collective")
@@ -265,12 +259,12 @@ def test_a_rank_killed_mid_collective_is_named_in_one_line(monkeypatch, caplog):
 def test_a_signal_outside_trainings_own_handlers_is_one_line(monkeypatch, capsys):
     """One Ctrl-C can arrive twice: the copy that lands after training restored the default
     handler (or one during start-up) printed KeyboardInterrupt's traceback."""
-    import {{ cookiecutter.package_name }}.train
+    import {{ cookiecutter.package_name }}.training.loop
 
     def interrupted(cfg, origins):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr({{ cookiecutter.package_name }}.train, "train", interrupted)
+    monkeypatch.setattr({{ cookiecutter.package_name }}.training.loop, "train", interrupted)
     assert main([*TINY, "max_steps=1"]) == 130
     err = capsys.readouterr().err
     assert err == (

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import PACKAGE, TINY, clean_env, one_line
 
-import {{ cookiecutter.package_name }}.train as train_module
+import {{ cookiecutter.package_name }}.training.loop as train_module
 from {{ cookiecutter.package_name }}.cli import main
 
 
@@ -193,7 +193,7 @@ def test_no_option_reads_numbers_with_pythons_int_or_float():
 
 
 def test_the_data_benchmark_takes_ascii_digits_only(capsys):
-    from {{ cookiecutter.package_name }}.data.benchmark import main as data_benchmark
+    from {{ cookiecutter.package_name }}.make_dataset.benchmark import main as data_benchmark
 
     with pytest.raises(SystemExit) as exit_:
         data_benchmark(["--synthetic-mb", "1", "--tokenizer", "t", "--rounds", "\u0663"])

@@ -110,7 +110,7 @@ def test_text_streams_and_ctrl_c_keeps_it(run_dir):
 
 
 def test_generate_equals_the_streamed_text(run_dir):
-    from {{ cookiecutter.package_name }}.generate import generate, stream
+    from {{ cookiecutter.package_name }}.commands.generate import generate, stream
 
     pieces = list(stream(run_dir, "abc", 20, temperature=0.9, device="cpu", seed=3))
     assert pieces[0] == "abc" and len(pieces) > 2

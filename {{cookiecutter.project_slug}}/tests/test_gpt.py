@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }} import models, parallel
-from {{ cookiecutter.package_name }}.data import shards, tokens
+from {{ cookiecutter.package_name }}.data import tokens
+from {{ cookiecutter.package_name }}.make_dataset import text_files
 from {{ cookiecutter.package_name }}.models import gpt, spec
 
 
@@ -165,12 +166,12 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     chosen, size = [], 0
-    for path in tokens.stdlib_files()[::3]:  # ~1.5 MB spread over the whole standard library
+    for path in text_files.stdlib_files()[::3]:  # ~1.5 MB spread over the whole standard library
         chosen.append(path)
         size += path.stat().st_size
         if size > 1_500_000:
             break
-    shards.write_text_dataset(chosen, tmp_path / "ds", val_fraction=0.02)
+    text_files.write_text_dataset(chosen, tmp_path / "ds", val_fraction=0.02)
     data = tokens.TokenDataset.open(tmp_path / "ds")
     model = gpt.GPT(gpt.gpt_config("tiny", data.vocab_size))
     block = model.config.block_size

@@ -20,8 +20,11 @@ import pyarrow.parquet as pq  # noqa: E402
 from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
-from {{ cookiecutter.package_name }}.data import hf_datasets, tokenizer  # noqa: E402
-from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset  # noqa: E402
+from {{ cookiecutter.package_name }}.data import tokenizer  # noqa: E402
+from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.data.tokens import TokenDataset  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset import hf_datasets  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset.tokenizer import train_tokenizer  # noqa: E402
 
 WORDS = "alps cluster node train token shard lustre model batch step the a of and".split()
 
@@ -55,7 +58,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bpe(corpus):
     root, _ = corpus
-    size = tokenizer.train_tokenizer([root / "corpus.txt"], 300, root / "tokenizer.json")
+    size = train_tokenizer([root / "corpus.txt"], 300, root / "tokenizer.json")
     assert 257 < size <= 300
     return root / "tokenizer.json"
 
@@ -270,7 +273,7 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
         assert main(["train", *base, f"dataset={spelling}"]) == 0
     log = capsys.readouterr()
     assert "RESUMING" in log.err + log.out and "config error" not in log.err
-    from {{ cookiecutter.package_name }}.generate import generate
+    from {{ cookiecutter.package_name }}.commands.generate import generate
 
     text = generate(Path("run"), "Dokument 3:", 40, temperature=0, device="cpu")
     assert text.startswith("Dokument 3:") and "\ufffd" not in text
@@ -306,7 +309,7 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
 
 
 def test_the_data_benchmark_prints_one_json_line(corpus, bpe, capsys):
-    from {{ cookiecutter.package_name }}.data import benchmark as data_benchmark
+    from {{ cookiecutter.package_name }}.make_dataset import benchmark as data_benchmark
 
     root, docs = corpus
     assert data_benchmark.main(["--hf", str(root / "pq"), "--tokenizer", str(bpe)]) == 0

@@ -208,7 +208,7 @@ import json, sys
 from {{ cookiecutter.package_name }}.checkpoint.initial import load_initial_weights, open_initial
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.distributed import process_group
-from {{ cookiecutter.package_name }}.train import build
+from {{ cookiecutter.package_name }}.training.build import build
 cfg, _ = load_config(None, sys.argv[1:])
 with process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, device):
     run = build(cfg, env, device)

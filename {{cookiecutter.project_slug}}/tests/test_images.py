@@ -16,8 +16,9 @@ from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config_keys import ConfigError  # noqa: E402
-from {{ cookiecutter.package_name }}.data import batches, image_writer, images, kinds  # noqa: E402
-from {{ cookiecutter.package_name }}.data.tokens import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.data import batches, images, kinds  # noqa: E402
+from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
 
 CLASSES = ("cat", "dog", "emu")
 FORMATS = ("PNG", "JPEG", "WEBP")

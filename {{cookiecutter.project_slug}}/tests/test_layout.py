@@ -1,6 +1,8 @@
 """The package's layout: its module map (docs/training.md) lists every module and only those,
 imports run down the layers that docs/training.md lists (also imports inside functions or under
-TYPE_CHECKING), so no two folders import each other and no module imports another in a cycle."""
+TYPE_CHECKING), so no two folders import each other, no module imports another in a cycle, a run
+never imports a dataset writer and no kind of dataset imports another; a small root, short
+modules, and no folder holding more than a fifth of the package."""
 
 from __future__ import annotations
 
@@ -11,12 +13,17 @@ from pathlib import Path
 from conftest import PACKAGE, REPO
 
 from {{ cookiecutter.package_name }}.data.kinds import KIND_MODULES
+from {{ cookiecutter.package_name }}.make_dataset.sources import SOURCE_MODULES
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
 
 SRC = REPO / "src" / PACKAGE
 TRAINING_MD = REPO / "docs" / "training.md"
-MAX_ROOT_MODULES = 12
+MAX_ROOT_MODULES = 8
 MAX_LINES = 450
+MAX_FOLDER_SHARE = 0.20  # of the package's lines
+# folders whose __init__.py is a docstring only
+FOLDERS_IMPORTING_NOTHING = ("config", "data", "run", "telemetry", "doctor", "training")
+FOLDERS_IMPORTING_NOTHING += ("make_dataset",)
 
 
 def module_name(path: Path) -> str:
@@ -126,18 +133,47 @@ def test_an_import_up_the_layers_is_found():
     assert upward_imports(graph, layers) == {("models.hf", "checkpoint.hf_format")}
 
 
+def test_a_reader_or_the_loop_importing_a_dataset_writer_runs_up_the_layers():
+    """Reading and writing datasets are floors apart: `data/` (and the training loop above it)
+    importing make_dataset/ is refused by the documented layers, so a run never loads a writer."""
+    layers = documented_layers()
+    graph = import_graph()
+    graph["data.tokens"] = graph["data.tokens"] | {"make_dataset.tokens"}
+    graph["training.loop"] = graph["training.loop"] | {"make_dataset.sources"}
+    assert upward_imports(graph, layers) == {
+        ("data.tokens", "make_dataset.tokens"),
+        ("training.loop", "make_dataset.sources"),
+    }
+
+
+def kind_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(kind, kind) pairs where a dataset kind's module imports another kind's."""
+    kinds = {f"data.{name}" for name in KIND_MODULES}
+    return {(a, b) for a in kinds for b in graph.get(a, set()) & kinds}
+
+
+def test_no_kind_of_dataset_imports_another():
+    """What the kinds share (the error class, hashes, the positional reader, index.json) is
+    data/directory.py, written once."""
+    graph = import_graph()
+    assert kind_imports(graph) == set()
+    graph["data.chat"] = graph["data.chat"] | {"data.tokens"}  # before issue 49
+    assert kind_imports(graph) == {("data.chat", "data.tokens")}
+
+
 def test_the_module_map_is_the_tree():
     text = (REPO / "docs" / "training.md").read_text()
     mapped = set()
     for row in re.findall(r"^\| (`[^|]+) \|", text, re.MULTILINE):
         mapped |= set(re.findall(r"`([\w/]+\.py)`", row))
     tree = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")}
-    tree -= {f"{d}/__init__.py" for d in ("config", "data", "run", "telemetry", "doctor")}
+    tree -= {f"{d}/__init__.py" for d in FOLDERS_IMPORTING_NOTHING}
     tree -= {"__init__.py"}
-    # a model or a dataset kind you add is one file and one registry line (docs/your-model.md,
-    # docs/your-data.md), not a map line too
+    # a model, a dataset kind or an input format you add is one file and one registry line
+    # (docs/your-model.md, docs/your-data.md, docs/data.md), not a map line too
     tree -= {f"models/{name}.py" for name in MODEL_MODULES} - mapped
     tree -= {f"data/{name}.py" for name in KIND_MODULES} - mapped
+    tree -= {f"make_dataset/{name}.py" for name in SOURCE_MODULES} - mapped
     assert mapped == tree, (
         f"in docs/training.md's module map but not in the package: {sorted(mapped - tree)}; "
         f"in the package but not in the map: {sorted(tree - mapped)}"
@@ -155,7 +191,18 @@ def test_small_modules_and_a_small_top_level():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def test_no_folder_holds_more_than_a_fifth_of_the_package():
+    lines = {p: len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    total = sum(lines.values())
+    folders = {p.relative_to(SRC).parts[0] for p in lines if len(p.relative_to(SRC).parts) > 1}
+    share = {
+        folder: sum(n for p, n in lines.items() if p.relative_to(SRC).parts[0] == folder) / total
+        for folder in folders
+    }
+    assert max(share.values()) <= MAX_FOLDER_SHARE, {f: round(v, 3) for f, v in share.items()}
+
+
 def test_the_folders_import_nothing_when_imported():
-    for folder in ("config", "data", "run", "telemetry", "doctor"):
+    for folder in FOLDERS_IMPORTING_NOTHING:
         tree = ast.parse((SRC / folder / "__init__.py").read_text())
         assert all(isinstance(n, ast.Expr) for n in tree.body), folder  # a docstring only

@@ -39,32 +39,33 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single_process):
-    """The run's model as train.build makes it and its base from hf_model: it starts as the
+    """The run's model as training.build makes it and its base from hf_model: it starts as the
     base model (B = 0), eight steps on one batch (learnt: the loss falls) move the adapters,
     no base tensor, and the optimizer holds the adapters only; the benchmark's sizes count
     them."""
-    from {{ cookiecutter.package_name }} import distributed, train
-    from {{ cookiecutter.package_name }}.benchmark import verdict
+    from {{ cookiecutter.package_name }} import distributed
     from {{ cookiecutter.package_name }}.checkpoint import lora
+    from {{ cookiecutter.package_name }}.commands.benchmark import verdict
     from {{ cookiecutter.package_name }}.config.settings import load_config
     from {{ cookiecutter.package_name }}.models.lora import state_sizes
+    from {{ cookiecutter.package_name }}.training import build, step
 
     original = make_model("llama", tmp_path / "model")
     extra = ("lora_rank=4", "lr=1e-2", "min_lr=1e-2")
     cfg = load_config(None, args(tmp_path / "model", tmp_path / "run", *extra)).config
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
-        run = train.build(cfg, env, dev)
+        run = build.build(cfg, env, dev)
         lora.load_base(run.model, run.spec, cfg, run.source.info, None)
         before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
         adapters = {n for n, p in run.model.named_parameters() if p.requires_grad}
         assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
         assert {n.split(".")[-4] for n in adapters} == LLAMA_TARGETS  # the default: every one
-        _, inputs = train.input_pipeline(run, 1)
+        _, inputs = build.input_pipeline(run, 1)
         batch = next(inputs)
         inputs.close()
         with torch.no_grad():
             torch.testing.assert_close(run.model(batch[0]), original(batch[0]).logits)
-        losses = [train.train_step(run, iter([batch])).item() for _ in range(8)]
+        losses = [step.train_step(run, iter([batch])).item() for _ in range(8)]
         after = dict(run.model.named_parameters())
         optimized = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
         optimized_params = [after[n] for n in adapters]

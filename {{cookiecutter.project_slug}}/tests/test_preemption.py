@@ -10,7 +10,7 @@ from conftest import TINY, checkpoint_steps
 
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.run import preemption
-from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.training.loop import train
 
 
 def test_signals_only_set_a_flag_and_handlers_are_restored():

@@ -87,17 +87,17 @@ STOP_WHILE_WRITING = f"""
 import os, signal, sys
 import torch
 from {PACKAGE}.cli import main
-from {PACKAGE}.data import shards
+from {PACKAGE}.make_dataset import tokens
 sig = getattr(signal, os.environ["STOP_WITH"])
 signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist's workers pass on SIG_IGN
-write, save = shards.ShardWriter.write, torch.save
+write, save = tokens.ShardWriter.write, torch.save
 def write_then_stop(self, tokens):
     write(self, tokens)
     os.kill(os.getpid(), sig)
 def save_then_stop(*args, **kwargs):
     save(*args, **kwargs)
     os.kill(os.getpid(), sig)
-shards.ShardWriter.write, torch.save = write_then_stop, save_then_stop
+tokens.ShardWriter.write, torch.save = write_then_stop, save_then_stop
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -134,7 +134,7 @@ def test_a_stop_signal_while_writing_removes_the_temporary_files(
 
 
 def test_a_killed_writes_leftover_is_removed_or_named_by_the_next(tmp_path):
-    from {{ cookiecutter.package_name }}.data.shards import HOST
+    from {{ cookiecutter.package_name }}.data.directory import HOST
 
     (tmp_path / "doc.txt").write_text("a few words of text\n" * 400)
     make = ["make-dataset", "--text", str(tmp_path / "doc.txt"), "--out", str(tmp_path / "ds")]

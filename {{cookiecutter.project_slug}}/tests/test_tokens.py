@@ -13,18 +13,29 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data import batches, shards, tokens
+from {{ cookiecutter.package_name }}.data import batches, tokens
+from {{ cookiecutter.package_name }}.data.directory import (
+    SAMPLE_BLOCKS,
+    SAMPLE_BYTES,
+    ShardFile,
+    file_sha256,
+    sample_blocks,
+    sample_sha256,
+)
 from {{ cookiecutter.package_name }}.data.info import IGNORED, DataInfo, Splits
 from {{ cookiecutter.package_name }}.data.kinds import verify_files
+from {{ cookiecutter.package_name }}.data.tokenizer import decode_bytes, encode_bytes
 from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset, window_draws
+from {{ cookiecutter.package_name }}.make_dataset import text_files as text_writer
+from {{ cookiecutter.package_name }}.make_dataset import tokens as token_writer
 
 
 def test_byte_tokenizer_round_trip():
     text = "def f(x):\n    return 'Grüezi ☃'\n"
-    encoded = tokens.encode_bytes(text)
+    encoded = encode_bytes(text)
     assert encoded.dtype == np.uint16 and len(encoded) == len(text.encode("utf-8"))
-    assert tokens.decode_bytes(encoded) == text
-    assert tokens.decode_bytes(torch.tensor([104, 105, 0xC3])) == "hi\ufffd"  # cut UTF-8
+    assert decode_bytes(encoded) == text
+    assert decode_bytes(torch.tensor([104, 105, 0xC3])) == "hi\ufffd"  # cut UTF-8
 
 
 def text_files(directory, contents):
@@ -42,7 +53,7 @@ DOCS = [b"alpha " * 200, "b\u00e9ta\n".encode() * 300, bytes(range(1, 256)) * 4]
 def test_text_dataset_index_shards_and_fingerprint(tmp_path):
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    index = shards.write_text_dataset(files, out, shard_tokens=1000, min_val_tokens=300)
+    index = text_writer.write_text_dataset(files, out, shard_tokens=1000, min_val_tokens=300)
     assert json.loads((out / "index.json").read_text()) == index
     assert index["format"] == "tokens/1" and index["dtype"] == "uint16"
     assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (256, "bytes", 0)
@@ -61,17 +72,17 @@ def test_text_dataset_index_shards_and_fingerprint(tmp_path):
     assert stream == b"".join(d + b"\0" for d in DOCS)
 
     data = TokenDataset.open(out)
-    assert isinstance(data.train[0], tokens.ShardFile)
+    assert isinstance(data.train[0], ShardFile)
     assert (data.vocab_size, data.train_tokens, data.val_tokens) == (256, total - 300, 300)
     assert data.fingerprint == index["fingerprint"] and data.tokenizer == "bytes"
 
     # Same input, same fingerprint; one changed byte, another one.
-    again = shards.write_text_dataset(
+    again = text_writer.write_text_dataset(
         files, tmp_path / "again", shard_tokens=1000, min_val_tokens=300
     )
     assert again["fingerprint"] == index["fingerprint"]
     files[1].write_bytes(DOCS[1].replace(b"\n", b"!", 1))
-    changed = shards.write_text_dataset(
+    changed = text_writer.write_text_dataset(
         files, tmp_path / "new", shard_tokens=1000, min_val_tokens=300
     )
     assert changed["fingerprint"] != index["fingerprint"]
@@ -80,20 +91,20 @@ def test_text_dataset_index_shards_and_fingerprint(tmp_path):
 def test_an_existing_dataset_is_kept_unless_the_new_one_is_identical(tmp_path):
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    first = shards.write_text_dataset(files, out, min_val_tokens=300)
+    first = text_writer.write_text_dataset(files, out, min_val_tokens=300)
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    assert shards.write_text_dataset(files, out, min_val_tokens=300) == first  # no-op
+    assert text_writer.write_text_dataset(files, out, min_val_tokens=300) == first  # no-op
     with pytest.raises(DatasetError, match="already holds a different token dataset"):
-        shards.write_text_dataset(files[:2], out, min_val_tokens=300)
+        text_writer.write_text_dataset(files[:2], out, min_val_tokens=300)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs
 
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(DatasetError, match="other: exists and is not a token dataset"):
-        shards.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
+        text_writer.write_text_dataset(files, tmp_path / "other", min_val_tokens=300)
     (tmp_path / "empty").mkdir()  # an empty directory is fine (e.g. made by a job script)
-    assert shards.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
+    assert text_writer.write_text_dataset(files, tmp_path / "empty", min_val_tokens=300) == first
 
 
 def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
@@ -101,7 +112,7 @@ def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
     files = text_files(tmp_path / "src", DOCS * 200)  # ~1 MB: the writes overlap in time
     script = (
         "import json, sys; from pathlib import Path; "
-        f"from {shards.__name__} import write_text_dataset as w; "
+        f"from {text_writer.__name__} import write_text_dataset as w; "
         "files = [Path(a) for a in sys.argv[2:]]; "
         "print(json.dumps(w(files, Path(sys.argv[1]), min_val_tokens=300)))"
     )
@@ -117,7 +128,7 @@ def test_concurrent_writers_of_the_same_dataset_both_succeed(tmp_path):
 
 def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):
     files = text_files(tmp_path / "src", DOCS)
-    write = shards.ShardWriter.write
+    write = token_writer.ShardWriter.write
     calls = []
 
     def dies_on_the_second_document(self, chunk):
@@ -126,9 +137,9 @@ def test_an_interrupted_write_leaves_nothing_under_out(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # e.g. Ctrl-C, or any error, after some shards are written
         write(self, chunk)
 
-    monkeypatch.setattr(shards.ShardWriter, "write", dies_on_the_second_document)
+    monkeypatch.setattr(token_writer.ShardWriter, "write", dies_on_the_second_document)
     with pytest.raises(KeyboardInterrupt):
-        shards.write_text_dataset(files, tmp_path / "ds", shard_tokens=500, min_val_tokens=300)
+        text_writer.write_text_dataset(files, tmp_path / "ds", shard_tokens=500, min_val_tokens=300)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
@@ -144,25 +155,25 @@ def test_text_errors_name_the_file_and_the_problem(tmp_path, name, make, message
     good = text_files(tmp_path / "src", DOCS)
     make(tmp_path / name)
     with pytest.raises(DatasetError, match=message):
-        shards.write_text_dataset([*good, tmp_path / name], tmp_path / "ds")
+        text_writer.write_text_dataset([*good, tmp_path / name], tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
 
 
 def test_any_bytes_are_text_to_the_byte_tokenizer(tmp_path):
     latin1 = text_files(tmp_path / "src", ["café ".encode("latin-1") * 400])  # not UTF-8
-    index = shards.write_text_dataset(latin1, tmp_path / "ds", min_val_tokens=100)
+    index = text_writer.write_text_dataset(latin1, tmp_path / "ds", min_val_tokens=100)
     assert index["train"]["tokens"] + index["val"]["tokens"] == 2001
 
 
 def test_too_little_text_for_a_validation_split(tmp_path):
     with pytest.raises(DatasetError, match="only 41 tokens in all; need at least 2050"):
-        shards.write_text_dataset(text_files(tmp_path / "src", [b"x" * 40]), tmp_path / "ds")
+        text_writer.write_text_dataset(text_files(tmp_path / "src", [b"x" * 40]), tmp_path / "ds")
 
 
 def test_token_files_from_another_tokenizer(tmp_path):
     ids = np.random.default_rng(0).integers(0, 50257, 5000).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
-    index = shards.write_token_dataset(
+    index = text_writer.write_token_dataset(
         tmp_path / "ids.npy", 50257, tmp_path / "a", min_val_tokens=500
     )
     assert (index["vocab_size"], index["tokenizer"], index["document_end"]) == (
@@ -171,7 +182,7 @@ def test_token_files_from_another_tokenizer(tmp_path):
         None,
     )
     ids.astype("<u2").tofile(tmp_path / "ids.bin")
-    again = shards.write_token_dataset(
+    again = text_writer.write_token_dataset(
         tmp_path / "ids.bin", 50257, tmp_path / "b", min_val_tokens=500
     )
     assert again["fingerprint"] == index["fingerprint"]
@@ -182,7 +193,7 @@ def test_token_files_from_another_tokenizer(tmp_path):
 def test_token_files_above_65536_ids_become_uint32_shards(tmp_path):
     ids = np.random.default_rng(0).integers(0, 128_256, 5000)  # Llama 3's vocabulary
     np.save(tmp_path / "ids.npy", ids)
-    index = shards.write_token_dataset(
+    index = text_writer.write_token_dataset(
         tmp_path / "ids.npy", 128_256, tmp_path / "a", min_val_tokens=500
     )
     assert index["dtype"] == "uint32" and (tmp_path / "a" / "val-00000.bin").stat().st_size == 2000
@@ -190,12 +201,12 @@ def test_token_files_above_65536_ids_become_uint32_shards(tmp_path):
     data = TokenDataset.open(tmp_path / "a")
     assert np.array_equal(np.concatenate(data.train + data.val), ids)
     ids.astype("<u4").tofile(tmp_path / "ids.bin")  # raw uint32 above 65536
-    again = shards.write_token_dataset(
+    again = text_writer.write_token_dataset(
         tmp_path / "ids.bin", 128_256, tmp_path / "b", min_val_tokens=500
     )
     assert again["fingerprint"] == index["fingerprint"]
     # the same ids under another vocabulary size are other data
-    small = shards.write_token_dataset(
+    small = text_writer.write_token_dataset(
         tmp_path / "ids.npy", 2**17, tmp_path / "c", min_val_tokens=500
     )
     assert small["fingerprint"] != index["fingerprint"]
@@ -216,23 +227,25 @@ def test_token_files_above_65536_ids_become_uint32_shards(tmp_path):
 def test_token_file_errors(tmp_path, array, vocab, message):
     np.save(tmp_path / "ids.npy", array)
     with pytest.raises(DatasetError, match=message) as err:
-        shards.write_token_dataset(tmp_path / "ids.npy", vocab, tmp_path / "ds", min_val_tokens=500)
+        text_writer.write_token_dataset(
+            tmp_path / "ids.npy", vocab, tmp_path / "ds", min_val_tokens=500
+        )
     assert "ids.npy" in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.npy"]
 
 
 def test_token_file_unreadable_or_of_unknown_type(tmp_path):
     with pytest.raises(DatasetError, match="nothing.npy: cannot read"):
-        shards.write_token_dataset(tmp_path / "nothing.npy", 256, tmp_path / "ds")
+        text_writer.write_token_dataset(tmp_path / "nothing.npy", 256, tmp_path / "ds")
     (tmp_path / "ids.txt").write_text("1 2 3")
     with pytest.raises(DatasetError, match="ids.txt: unknown token file type"):
-        shards.write_token_dataset(tmp_path / "ids.txt", 256, tmp_path / "ds")
+        text_writer.write_token_dataset(tmp_path / "ids.txt", 256, tmp_path / "ds")
     (tmp_path / "odd.bin").write_bytes(b"abc")
     with pytest.raises(DatasetError, match="odd.bin: odd number of bytes"):
-        shards.write_token_dataset(tmp_path / "odd.bin", 256, tmp_path / "ds")
+        text_writer.write_token_dataset(tmp_path / "odd.bin", 256, tmp_path / "ds")
     (tmp_path / "text.npy").write_text("not numpy")
     with pytest.raises(DatasetError, match="text.npy: not a readable .npy array"):
-        shards.write_token_dataset(tmp_path / "text.npy", 256, tmp_path / "ds")
+        text_writer.write_token_dataset(tmp_path / "text.npy", 256, tmp_path / "ds")
 
 
 def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
@@ -240,7 +253,7 @@ def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
         TokenDataset.open(tmp_path)
     files = text_files(tmp_path / "src", DOCS)
     out = tmp_path / "ds"
-    shards.write_text_dataset(files, out, min_val_tokens=300)
+    text_writer.write_text_dataset(files, out, min_val_tokens=300)
     index = json.loads((out / "index.json").read_text())
     (out / "index.json").write_text(json.dumps({**index, "format": "tokens/9"}))
     with pytest.raises(
@@ -256,7 +269,7 @@ def test_opening_checks_the_index_and_the_shard_sizes(tmp_path):
 
 def byte_dataset(tmp_path):
     out = tmp_path / "ds"
-    shards.write_text_dataset(text_files(tmp_path / "src", DOCS), out, min_val_tokens=300)
+    text_writer.write_text_dataset(text_files(tmp_path / "src", DOCS), out, min_val_tokens=300)
     return out, json.loads((out / "index.json").read_text())
 
 
@@ -337,10 +350,10 @@ def test_a_shard_rewritten_in_place_stops_the_resume_in_one_line(tmp_path, capsy
 def unsampled_bytes(size: int, blocks: int) -> np.ndarray:
     """A mask of the bytes of a file of `size` that its `blocks` sampled blocks do not read."""
     mask = np.ones(size, dtype=bool)
-    span = max(size - tokens.SAMPLE_BYTES, 0)
+    span = max(size - SAMPLE_BYTES, 0)
     for k in range(blocks):
         start = span * k // max(blocks - 1, 1)
-        mask[start : start + tokens.SAMPLE_BYTES] = False
+        mask[start : start + SAMPLE_BYTES] = False
     return mask
 
 
@@ -354,7 +367,7 @@ def test_shards_changed_where_the_samples_do_not_look_stop_a_training_start(
     ids = np.random.default_rng(0).integers(1, 256, 2**21, dtype=np.uint16)  # 4 MiB of tokens
     np.save(tmp_path / "ids.npy", ids)
     out = tmp_path / "ds"
-    shards.write_token_dataset(tmp_path / "ids.npy", 256, out)
+    text_writer.write_token_dataset(tmp_path / "ids.npy", 256, out)
     shard = out / "train-00000.bin"
     entry = json.loads((out / "index.json").read_text())["train"]["files"][0]
     data = np.fromfile(shard, dtype=np.uint8)
@@ -377,7 +390,7 @@ def test_each_rank_hashes_its_share_of_the_shards(tmp_path):
     files = {}
     for i in range(3):
         (tmp_path / f"train-{i}.bin").write_bytes(bytes([i]) * 1000)
-        files[tmp_path / f"train-{i}.bin"] = tokens.file_sha256(tmp_path / f"train-{i}.bin")
+        files[tmp_path / f"train-{i}.bin"] = file_sha256(tmp_path / f"train-{i}.bin")
     (tmp_path / "train-1.bin").write_bytes(bytes([9]) * 1000)
     source = Splits(None, None, DataInfo("tokens", "sha256:x"), files=files)
     verify_files(source, 0, 2)  # files 0 and 2: unchanged
@@ -391,16 +404,16 @@ def test_each_rank_hashes_its_share_of_the_shards(tmp_path):
 def test_the_sampled_blocks_cost_the_same_for_any_dataset_size(tmp_path):
     # about SAMPLE_BLOCKS reads of SAMPLE_BYTES, one more per shard at most
     for sizes in ([10], [2**29] * 4, [2**29] * 3 + [12345], [2**30] * 1000):
-        counts = tokens.sample_blocks(sizes)
+        counts = sample_blocks(sizes)
         assert all(c >= 1 for c in counts)
-        assert sum(counts) <= tokens.SAMPLE_BLOCKS + len(sizes)
+        assert sum(counts) <= SAMPLE_BLOCKS + len(sizes)
     path = tmp_path / "shard.bin"
     data = bytearray(3 * 2**20)
     path.write_bytes(data)
-    before = tokens.sample_sha256(path, len(data), 64)
+    before = sample_sha256(path, len(data), 64)
     data[-1] = 1  # the last block is sampled, and so is the first
     path.write_bytes(data)
-    assert tokens.sample_sha256(path, len(data), 64) != before
+    assert sample_sha256(path, len(data), 64) != before
 
 
 @pytest.mark.parametrize("field", ["sample_sha256", "sha256"])
@@ -467,7 +480,7 @@ def test_resume_compares_datasets_by_fingerprint_not_path_spelling(caplog):
 def counting_dataset(tmp_path, n=30000, shard_tokens=4096) -> TokenDataset:
     """Token i is i: a token's value is its position in the stream."""
     np.save(tmp_path / "ids.npy", np.arange(n))
-    shards.write_token_dataset(
+    text_writer.write_token_dataset(
         tmp_path / "ids.npy", 2**16, tmp_path / "ds", shard_tokens=shard_tokens, min_val_tokens=2000
     )
     return TokenDataset.open(tmp_path / "ds")
@@ -560,7 +573,7 @@ def test_synthetic_tokens(tmp_path):
 
 
 def test_stdlib_sources_exist_offline():
-    files = tokens.stdlib_files()
+    files = text_writer.stdlib_files()
     assert len(files) > 100 and files == sorted(files)
     assert sum(f.stat().st_size for f in files) > 3_000_000
     assert all(f.suffix == ".py" and f.stat().st_size > 0 for f in files)

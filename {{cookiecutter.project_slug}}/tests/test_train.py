@@ -9,7 +9,7 @@ from conftest import TINY, TINY_MLP, checkpoint_steps
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.optim import Schedule, lr_factor
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
-from {{ cookiecutter.package_name }}.train import enable_tf32
+from {{ cookiecutter.package_name }}.training.build import enable_tf32
 
 
 def test_tf32_setup_leaves_the_legacy_getters_working():

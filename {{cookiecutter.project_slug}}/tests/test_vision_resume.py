@@ -17,7 +17,7 @@ from conftest import Ranks, assert_same_training_state, checkpoint_steps
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
-from {{ cookiecutter.package_name }}.data import image_writer  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
 
 CLASSES = ("north-west", "north-east", "south-west", "south-east")
 FINAL = 24

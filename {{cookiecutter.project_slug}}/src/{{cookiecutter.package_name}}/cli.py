@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # An `except` names its classes only when an error arrives: `loaded` gives those of the
     # modules the command imported (the others cannot have raised them).
-    except loaded("data.tokens.DatasetError") as err:
+    except loaded("data.directory.DatasetError") as err:
         print(f"{PROG} {name}: dataset error: {err}", file=sys.stderr)
         return 2
     except (RunDirError, TrackerError, *loaded("distributed.LaunchError")) as err:
@@ -140,7 +140,7 @@ def report_failure(name: str, err: RuntimeError | OSError | ValueError) -> None:
 
 
 def loaded(*names: str) -> tuple[type[BaseException], ...]:
-    """The package's error classes ("data.tokens.DatasetError") whose modules are loaded.
+    """The package's error classes ("data.directory.DatasetError") whose modules are loaded.
     Importing a module only to name its error would load torch into every command."""
     found = []
     for qualified in names:

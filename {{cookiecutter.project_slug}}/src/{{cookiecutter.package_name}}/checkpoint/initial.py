@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError
-from ..data.tokens import tokenizer_identity
+from ..data.tokenizer import tokenizer_identity
 from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format

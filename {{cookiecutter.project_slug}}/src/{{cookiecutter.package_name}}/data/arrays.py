@@ -1,5 +1,6 @@
 """The classifier example's kind of dataset: feature vectors and labels, `x.npy` (N, features)
-float32 and `y.npy` (N,) int64, written by `make-dataset --out DIR [--x X.npy --y Y.npy]`; the
+float32 and `y.npy` (N,) int64, written by `make-dataset --out DIR [--x X.npy --y Y.npy]`
+(make_dataset/arrays.py); the
 last `eval_samples` rows are the validation split. "synthetic" makes them in memory (a random
 linear teacher). Small enough to live on the GPU (data_on_gpu), where batches are gathered with
 no host copy.
@@ -7,17 +8,14 @@ no host copy.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..run.atomic import atomic_write_text
-from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
-from .tokens import DatasetError, file_sha256
+from .directory import DatasetError, index_fields, read_index
+from .info import DataInfo, DatasetKind, Splits
 
 FORMAT = "npy-arrays/1"
 
@@ -110,55 +108,17 @@ def synthetic_arrays(samples: int, features: int, classes: int, seed: int):
     return x, y
 
 
-def write_dataset(
-    out: Path,
-    x: np.ndarray,
-    y: np.ndarray,
-    num_classes: int | None = None,
-    chunk_rows: int = 1 << 16,
-) -> Path:
-    """Write `x.npy`, `y.npy` and `index.json` (last, so a directory with an index is complete)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
-        raise ValueError(
-            f"need x of shape (N, features) and y of shape (N,); got {x.shape}, {y.shape}"
-        )
-    arrays = {"x": (x, np.float32), "y": (y, np.int64)}
-    entries, digest = {}, hashlib.sha256()
-    for name, (array, dtype) in arrays.items():
-        path = out / f"{name}.npy"
-        dst = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=array.shape)
-        for start in range(0, len(array), chunk_rows):  # bounded memory for large inputs
-            dst[start : start + chunk_rows] = array[start : start + chunk_rows]
-        dst.flush()
-        del dst
-        digest.update(file_sha256(path).encode())
-        entries[name] = {
-            "file": path.name,
-            "dtype": np.dtype(dtype).name,
-            "shape": list(array.shape),
-        }
-    classes = int(num_classes if num_classes is not None else int(np.max(y)) + 1)
-    index = {
-        "format": FORMAT,
-        "num_samples": len(x),
-        "num_features": int(x.shape[1]),
-        "num_classes": classes,
-        "arrays": entries,
-        "fingerprint": digest.hexdigest(),  # a resume refuses a rewritten dataset
-    }
-    atomic_write_text(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
-    return out
-
-
 def open_dataset(directory: Path):
-    """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps (its
-    index.json's format was checked by kinds.kind_of_directory)."""
+    """(x, y, num_classes, fingerprint) of a make-dataset array directory, as memmaps."""
     directory = Path(directory)
-    index = json.loads((directory / INDEX_FILE).read_text())
-    x = np.load(directory / index["arrays"]["x"]["file"], mmap_mode="r")
-    y = np.load(directory / index["arrays"]["y"]["file"], mmap_mode="r")
+    index = read_index(directory, FORMAT)
+    with index_fields(directory):
+        names = [str(index["arrays"][name]["file"]) for name in ("x", "y")]
+        int(index["num_classes"])
+    try:
+        x, y = (np.load(directory / name, mmap_mode="r") for name in names)
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"dataset {directory}: unreadable arrays ({err})") from None
     if len(x) != len(y):
         raise DatasetError(f"{directory}: x has {len(x)} rows but y has {len(y)}")
     fingerprint = index.get("fingerprint") or f"{directory}:{len(x)}"

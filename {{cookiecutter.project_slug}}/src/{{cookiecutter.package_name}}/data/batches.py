@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .. import distributed
 from ..config_keys import AUTO, key
 from ..run.preemption import SIGNALS
+from .directory import DatasetError
 from .info import Splits
-from .tokens import DatasetError
 
 
 # fmt: off

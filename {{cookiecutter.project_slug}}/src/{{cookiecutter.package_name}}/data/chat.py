@@ -1,7 +1,7 @@
 """Chat datasets for instruction tuning: conversations as token ids with a loss mask that selects
 the assistant's tokens, packed into windows whose conversations never see each other.
 
-A dataset directory (written by `make-dataset --chat`: chat_writer.py):
+A dataset directory (written by `make-dataset --chat`: make_dataset/chat.py):
 
     index.json              format "chat/1", dtype, vocab_size, the tokenizer, max_length, the
                             number of conversations truncated and dropped, the fingerprint, and
@@ -23,71 +23,50 @@ attends to another conversation's). The windows are the epoch stream's samples (
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
-from .tokens import DTYPES, MAX_VOCAB, DatasetError, ShardFile, open_shard, sample_sha256
+from .directory import (
+    MAX_VOCAB,
+    TOKEN_DTYPES,
+    DatasetError,
+    ShardFile,
+    index_fields,
+    open_checked,
+    read_index,
+)
+from .info import DataInfo, DatasetKind, Splits
 
 FORMAT = "chat/1"
 MASK_DTYPE = np.dtype("u1")
 LENGTH_DTYPE = np.dtype("<u4")
 VAL_EVERY = 20  # every 20th conversation is a validation one (5%)
 IGNORE = -100  # a target the loss does not read (torch's cross_entropy ignore_index)
-SAMPLED_BLOCKS = 8  # blocks of each file hashed at write and checked at every open
+PARTS = ("tokens", "mask", "lengths")  # a split's files
 
 
 def file_names(split: str) -> dict[str, str]:
-    return {part: f"{split}-{part}.bin" for part in ("tokens", "mask", "lengths")}
-
-
-def sample_entry(path: Path) -> dict:
-    """A file's entry in index.json: its name, size and the sha256 of sampled blocks."""
-    size = path.stat().st_size
-    return {
-        "name": path.name,
-        "bytes": size,
-        "sample_sha256": sample_sha256(path, size, SAMPLED_BLOCKS),
-    }
+    return {part: f"{split}-{part}.bin" for part in PARTS}
 
 
 def read_chat_index(directory: Path) -> dict:
     """index.json of a chat dataset, checked: each problem is one DatasetError line."""
-    path = Path(directory) / INDEX_FILE
-    try:
-        index = json.loads(path.read_text())
-        if index.get("format") != FORMAT or index.get("dtype") not in DTYPES:
-            raise DatasetError(f"{path}: not a {FORMAT} index (format {index.get('format')!r})")
+    index = read_index(directory, FORMAT)
+    with index_fields(directory):
         for split in ("train", "val"):
             int(index[split]["conversations"]), int(index[split]["max_id"])
-            for part in ("tokens", "mask", "lengths"):
+            for part in PARTS:
                 entry = index[split]["files"][part]
-                str(entry["name"]), int(entry["bytes"]), str(entry["sample_sha256"])
-        vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
-    except DatasetError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        why = f"{type(err).__name__}: {err}"
-        raise DatasetError(f"{path}: unreadable or malformed ({why})") from None
+                str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
+                str(entry["sample_sha256"])
+        TOKEN_DTYPES[index["dtype"]], str(index["fingerprint"])
+        vocab_size = int(index["vocab_size"])
     if not 1 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(f"{path}: vocab_size {vocab_size} is not in 1 to {MAX_VOCAB}")
+        raise DatasetError(f"{directory}: vocab_size {vocab_size} is not in 1 to {MAX_VOCAB}")
     return index
-
-
-def open_file(directory: Path, entry: dict, dtype: np.dtype) -> ShardFile:
-    """One of a split's files, refused when missing, of another size, or changed."""
-    path = directory / entry["name"]
-    shard = open_shard(path, entry["bytes"] // dtype.itemsize, dtype)
-    if sample_sha256(path, entry["bytes"], SAMPLED_BLOCKS) != entry["sample_sha256"]:
-        raise DatasetError(
-            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
-            "index.json's); write the dataset again"
-        )
-    return shard
 
 
 def pack(lengths: np.ndarray, window: int) -> np.ndarray:
@@ -162,11 +141,15 @@ def open_chat(directory: Path, cfg, spec) -> Splits:
     directory = Path(directory)
     index = read_chat_index(directory)
     window = spec.context_length(cfg)
-    dtype = DTYPES[index["dtype"]]
+    dtype = TOKEN_DTYPES[index["dtype"]]
     splits = {}
     for split in ("train", "val"):
         files = index[split]["files"]
-        lengths = np.asarray(open_file(directory, files["lengths"], LENGTH_DTYPE), np.int64)
+        tokens, mask, lengths = (
+            open_checked(directory, files[part], int(files[part]["bytes"]), item, "token")
+            for part, item in zip(PARTS, (dtype, MASK_DTYPE, LENGTH_DTYPE), strict=True)
+        )
+        lengths = np.asarray(lengths, np.int64)
         if int(index[split]["max_id"]) >= int(index["vocab_size"]):
             raise DatasetError(f"{directory}: holds ids beyond its vocabulary; write it again")
         if len(lengths) and int(lengths.max()) > window:
@@ -174,8 +157,6 @@ def open_chat(directory: Path, cfg, spec) -> Splits:
                 f"{directory}: holds conversations of up to {int(lengths.max())} tokens, longer "
                 f"than the model's context of {window}; write it with --max-length {window}"
             )
-        tokens = open_file(directory, files["tokens"], dtype)
-        mask = open_file(directory, files["mask"], MASK_DTYPE)
         splits[split] = ChatSplit(tokens, mask, lengths, window)
     info = DataInfo("chat", index["fingerprint"], vocab_size=int(index["vocab_size"]))
     return Splits(train=splits["train"], val=splits["val"], info=info)

@@ -1,5 +1,6 @@
 """Image classification datasets: the encoded images of an ImageFolder packed into a few large
-shard files (written by `make-dataset --images DIR`: image_writer.py), read one record at a time.
+shard files (written by `make-dataset --images DIR`: make_dataset/images.py), read one record at a
+time.
 
 A dataset directory:
 
@@ -26,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +35,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config_keys import first_line, key, optional_import
-from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
-from .tokens import DatasetError, sample_sha256
+from .directory import DatasetError, ShardFile, index_fields, open_checked, read_index
+from .info import DataInfo, DatasetKind, Splits
 
 FORMAT = "images/1"
 SPLITS = ("train", "val")
@@ -118,51 +117,10 @@ def decode(data: bytes, where: str):
 # --- reading a dataset directory -------------------------------------------------------------
 
 
-class ShardReader:
-    """The shards of a split, a record read with one os.pread at its offset: one descriptor per
-    shard, opened on first use by the process that reads (a loader worker, started by fork or
-    spawn, opens its own), no file open per sample and no memmap (a shard cut short under a
-    live run is then a short read, named in one line, not a SIGBUS)."""
-
-    def __init__(self, paths: list[Path]):
-        self.paths = [Path(p) for p in paths]
-        self._fds: dict[int, int] = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fds": {}}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-    def read(self, shard: int, offset: int, length: int) -> bytes:
-        if self._pid != os.getpid():  # forked: the copies of the parent's descriptors go
-            self.close()
-            self._pid = os.getpid()
-        if shard not in self._fds:
-            self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
-        data = os.pread(self._fds[shard], length, offset)
-        if len(data) != length:
-            raise DatasetError(
-                f"{self.paths[shard]}: ends before byte {offset + length}: the shard was cut "
-                "short after make-dataset wrote it; write the dataset again"
-            )
-        return data
-
-    def close(self, close=os.close) -> None:
-        for fd in self._fds.values():
-            close(fd)
-        self._fds = {}
-
-    def __del__(self, getpid=os.getpid) -> None:  # `os` may be gone at interpreter exit
-        if self._pid == getpid():
-            self.close()
-
-
 class ImageSplit(Dataset):
     """The images of one split: item i is (transformed image, label) of record i."""
 
-    def __init__(self, records: np.ndarray, shards: ShardReader, transform):
+    def __init__(self, records: np.ndarray, shards: list[ShardFile], transform):
         self.records, self.shards, self.transform = records, shards, transform
 
     def __len__(self) -> int:
@@ -170,19 +128,16 @@ class ImageSplit(Dataset):
 
     def __getitem__(self, index: int):
         offset, length, label, shard = (int(v) for v in self.records[index])
-        data = self.shards.read(shard, offset, length)
-        where = f"{self.shards.paths[shard]}: image {index} (bytes {offset} to {offset + length})"
+        data = self.shards[shard].read(offset, length)
+        where = f"{self.shards[shard].path}: image {index} (bytes {offset} to {offset + length})"
         image = decode(data, where)
         return self.transform(image), torch.tensor(label, dtype=torch.int64)
 
 
-def read_index(directory: Path) -> dict:
+def read_image_index(directory: Path) -> dict:
     """index.json of an images dataset, checked: each problem is one DatasetError line."""
-    path = Path(directory) / INDEX_FILE
-    try:
-        index = json.loads(path.read_text())
-        if index.get("format") != FORMAT:
-            raise DatasetError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
+    index = read_index(directory, FORMAT)
+    with index_fields(directory):
         classes = [str(name) for name in index["classes"]]
         for split in SPLITS:
             str(index[split]["index"]), str(index[split]["sha256"]), int(index["counts"][split])
@@ -190,39 +145,10 @@ def read_index(directory: Path) -> dict:
                 str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
                 str(entry["sample_sha256"])
         str(index["fingerprint"])
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        if isinstance(err, DatasetError):
-            raise
-        raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
     if len(classes) < 2:
+        path = Path(directory) / "index.json"
         raise DatasetError(f"{path}: names {len(classes)} classes; a classifier needs two")
     return index
-
-
-def check_shard(path: Path, entry: dict) -> None:
-    """Refuse a missing shard, one of another size, or one whose sampled blocks changed."""
-    try:
-        size = path.stat().st_size
-        if size != int(entry["bytes"]):
-            raise DatasetError(
-                f"{path}: {size} bytes, but index.json says {entry['bytes']}: the shard changed "
-                "after make-dataset wrote it; write the dataset again"
-            )
-        found = sample_sha256(path, size, int(entry["sampled_blocks"]))
-    except FileNotFoundError:
-        raise DatasetError(
-            f"{path}: missing, but index.json lists it; write the dataset again"
-        ) from None
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
-    if found != entry["sample_sha256"]:
-        raise DatasetError(
-            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
-            "index.json's), so the fingerprint no longer describes its images; write the "
-            "dataset again"
-        )
 
 
 def read_records(directory: Path, index: dict, split: str) -> np.ndarray:
@@ -252,14 +178,13 @@ def read_records(directory: Path, index: dict, split: str) -> np.ndarray:
 def open_images(directory: Path, cfg, spec) -> Splits:
     """The train and val splits of a make-dataset --images directory, every shard checked."""
     directory = Path(directory)
-    index = read_index(directory)
+    index = read_image_index(directory)
     datasets = {}
     for split, transform in zip(SPLITS, (train_transform, eval_transform), strict=True):
-        paths = [directory / entry["name"] for entry in index[split]["shards"]]
-        for path, entry in zip(paths, index[split]["shards"], strict=True):
-            check_shard(path, entry)
+        entries = index[split]["shards"]
+        shards = [open_checked(directory, e, int(e["bytes"]), np.uint8, "byte") for e in entries]
         records = read_records(directory, index, split)
-        datasets[split] = ImageSplit(records, ShardReader(paths), transform(cfg.image_size))
+        datasets[split] = ImageSplit(records, shards, transform(cfg.image_size))
     classes = tuple(index["classes"])
     return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, cfg)
 

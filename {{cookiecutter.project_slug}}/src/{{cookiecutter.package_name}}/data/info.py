@@ -13,7 +13,6 @@ from torch.utils.data import Dataset, default_collate
 
 from ..config_keys import ConfigError
 
-INDEX_FILE = "index.json"  # every dataset directory has one; its "format" names its kind
 IGNORED = -100  # a target that is not scored: cross entropy's ignore_index (torch's default)
 
 

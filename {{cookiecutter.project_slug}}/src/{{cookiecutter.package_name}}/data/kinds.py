@@ -21,8 +21,8 @@ from pathlib import Path
 
 from .. import distributed
 from ..config_keys import ConfigError, load_registry
-from .info import INDEX_FILE, DatasetKind, Splits
-from .tokens import DatasetError, file_sha256
+from .directory import INDEX_FILE, DatasetError, file_sha256
+from .info import DatasetKind, Splits
 
 KIND_MODULES = (
     "tokens",  # token shards for language models (make-dataset --stdlib/--text/--tokens/--hf)

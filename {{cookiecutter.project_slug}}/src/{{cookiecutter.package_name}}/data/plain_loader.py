@@ -25,9 +25,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
-from .images import INDEX_FILE, pil_image, train_transform
+from .directory import INDEX_FILE, DatasetError, ShardFile
+from .images import pil_image, train_transform
 from .info import Splits
-from .tokens import DatasetError, ShardFile, TokenDataset, synthetic_tokens
+from .tokens import TokenDataset, synthetic_tokens
 
 
 class PackedImagesPlainly(Dataset):

@@ -1,5 +1,7 @@
-"""Hugging Face tokenizers (the optional `[data]` extra): load a `tokenizer.json`, find its
-end-of-document token, and train a byte-level BPE on your own text (`train-tokenizer`).
+"""Tokenizers as a run reads them: the byte-level one (UTF-8 bytes, vocabulary 256), Hugging Face
+tokenizers (the optional `[data]` extra: a `tokenizer.json`, its end-of-document token, a chat
+template), the codec `generate` encodes and decodes with, and the tokenizer files a dataset
+recorded (evaluate, generate, export). Training one is make_dataset/tokenizer.py's.
 
 `import tokenizers` happens inside the functions: the package runs on torch and numpy alone.
 """
@@ -7,24 +9,18 @@ end-of-document token, and train a byte-level BPE on your own text (`train-token
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from ..config_keys import first_line, optional_import
-from ..run.atomic import atomic_write
 from .chat import FORMAT as CHAT_FORMAT
 from .chat import read_chat_index
-from .shards import describe
-from .tokens import (
-    BYTE_VOCAB,
-    MAX_VOCAB,
-    DatasetError,
-    decode_bytes,
-    encode_bytes,
-    file_sha256,
-    read_index,
-)
+from .directory import DatasetError, file_sha256
+from .tokens import read_token_index
 
+BYTE_VOCAB = 256  # the byte-level tokenizer: an id per byte
+DOCUMENT_END = 0  # the byte-level tokenizer: the token after every document
 TOKENIZER_FILE = "tokenizer.json"
 # What a Hugging Face tokenizer directory holds beside tokenizer.json (save_pretrained's files):
 # the special tokens, the chat template, the generation defaults. make-dataset --tokenizer DIR
@@ -41,7 +37,18 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # tokenizer_config.json (next to tokenizer.json) names no eos_token: GPT-2/Qwen, Llama 3,
 # Llama 2/Mistral, Gemma.
 SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
-BPE_SEPARATOR = "<|endoftext|>"  # the one special token of train-tokenizer's BPE (id 0)
+
+
+def encode_bytes(text: str) -> np.ndarray:
+    """Text -> its UTF-8 bytes as uint16 tokens (vocabulary 256)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+def decode_bytes(tokens) -> str:
+    """Tokens -> text; bytes that are not valid UTF-8 (and ids > 255) become U+FFFD."""
+    values = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    values = np.where((values >= 0) & (values < BYTE_VOCAB), values, 0xFF)  # 0xFF: never UTF-8
+    return values.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
 def tokenizer_file(path: Path) -> Path:
@@ -74,6 +81,36 @@ def load_tokenizer(path: Path):
         raise DatasetError(f"{file}: not a readable tokenizer.json: {first_line(err)}") from None
 
 
+def load_chat_tokenizer(path: Path, template_file: Path | None):
+    """A transformers tokenizer with a chat template: a tokenizer directory (tokenizer.json,
+    tokenizer_config.json, chat_template.jinja) or a tokenizer.json; `template_file` replaces
+    or provides the template."""
+    transformers = optional_import("transformers", "hf", "make-dataset --chat", DatasetError)
+    path = Path(path)
+    try:
+        if path.is_dir():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        elif path.is_file():
+            tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+        else:
+            raise DatasetError(f"{path}: no such tokenizer file or directory")
+    except DatasetError:
+        raise
+    except Exception as err:  # transformers' and the Rust side's many error types
+        raise DatasetError(f"{path}: not a readable tokenizer: {first_line(err)}") from None
+    if template_file is not None:
+        try:
+            tokenizer.chat_template = Path(template_file).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise DatasetError(f"{template_file}: cannot read: {err}") from None
+    if not tokenizer.chat_template:
+        raise DatasetError(
+            f"{path}: the tokenizer has no chat template; give one with --chat-template FILE "
+            "(a Jinja template, e.g. the chat_template.jinja of the model's instruct version)"
+        )
+    return tokenizer
+
+
 def vocabulary_size(tokenizer) -> int:
     """Ids run from 0 to the largest id of the vocabulary and the added tokens."""
     return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
@@ -100,53 +137,6 @@ def document_separator(tokenizer, file: Path, name: str | None = None) -> tuple[
         f"{file}: defines none of the usual end-of-document tokens {list(SEPARATORS)}; "
         "name the token that ends a document with --separator TOKEN"
     )
-
-
-def train_tokenizer(
-    files: list[Path], vocab_size: int, out: Path, documents: Iterable[list[str]] | None = None
-) -> int:
-    """Train a byte-level BPE (GPT-2 style: any text, no unknown tokens) of `vocab_size` ids on
-    the text files (or on `documents`, batches of texts: make-dataset --hf's sources), with
-    `<|endoftext|>` as id 0, and save it to `out` atomically. Returns the vocabulary size reached
-    (smaller when the text has too few distinct merges)."""
-    if not 257 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(
-            f"--vocab-size {vocab_size}: a byte-level BPE needs at least 257 ids "
-            "(256 bytes and the end-of-document token)"
-        )
-    for path in files:
-        if not Path(path).is_file():
-            raise DatasetError(f"{path}: cannot read: not a file")
-    tokenizers = optional_import("tokenizers", "data", "train-tokenizer", DatasetError)
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tokenizer = tokenizers.Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BPE_SEPARATOR],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    try:
-        if documents is None:
-            tokenizer.train([str(f) for f in files], trainer)
-        else:
-            tokenizer.train_from_iterator(documents, trainer)
-    except DatasetError:  # a source's own error, already one line
-        raise
-    except Exception as err:  # e.g. a file that is not UTF-8 text
-        raise DatasetError(f"train-tokenizer: cannot train on {describe(files)}: {err}") from None
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, lambda tmp: tokenizer.save(str(tmp)))
-    except Exception as err:  # OSError, or the Rust side's plain Exception for a failed write
-        raise DatasetError(
-            f"{out}: cannot write: {getattr(err, 'strerror', None) or err}"
-        ) from None
-    return tokenizer.get_vocab_size()
 
 
 def decode(tokenizer, ids) -> str:
@@ -179,7 +169,7 @@ def dataset_index(directory: Path) -> dict:
         found = json.loads((directory / "index.json").read_text()).get("format")
     except (OSError, ValueError, AttributeError):
         found = None  # read_index names the problem
-    return read_chat_index(directory) if found == CHAT_FORMAT else read_index(directory)
+    return read_chat_index(directory) if found == CHAT_FORMAT else read_token_index(directory)
 
 
 def recorded_tokenizer_sha256(dataset: str) -> str | None:
@@ -277,3 +267,12 @@ def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: in
     file = unchanged(directory / recorded["name"], recorded["sha256"])
     tokenizer, _ = load_tokenizer(file)
     return TextCodec(tokenizer, int(index.get("document_end") or 0))
+
+
+def tokenizer_identity(details: dict) -> str | None:
+    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
+    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
+    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
+    if kind == "bytes":
+        return kind
+    return f"{kind} sha256:{digest}" if digest else None

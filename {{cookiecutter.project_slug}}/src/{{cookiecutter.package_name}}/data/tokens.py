@@ -1,6 +1,7 @@
 """Token datasets for language models: a few large shards of uint16 or uint32 tokens.
 
-A dataset directory (written by `python -m <pkg> make-dataset`: `shards.py`, `hf_datasets.py`):
+A dataset directory (written by `python -m <pkg> make-dataset`: make_dataset/tokens.py, fed by
+the sources of make_dataset/text_files.py and make_dataset/hf_datasets.py):
 
     index.json                            format, dtype, vocab_size, tokenizer, fingerprint, and
                                           each shard's token count, largest id, sha256 (checked
@@ -25,110 +26,51 @@ drawn: at most block_size per 2**28 tokens).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .info import INDEX_FILE, DataInfo, DatasetKind, Splits
+from .directory import (
+    MAX_VOCAB,
+    TOKEN_DTYPES,
+    DatasetError,
+    ShardFile,
+    index_fields,
+    open_checked,
+    read_index,
+    token_dtype,
+)
+from .info import DataInfo, DatasetKind, Splits
 from .windows import ValidationWindows, window_draws
 
 FORMAT = "tokens/1"
-# little-endian, as numpy writes them on x86/ARM; index.json says "uint16" or "uint32"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-MAX_VOCAB = 2**32
-BYTE_VOCAB = 256
-DOCUMENT_END = 0  # byte tokenizer: the token after every document
-SHARD_TOKENS = 2**28  # 512 MiB (uint16) or 1 GiB (uint32) per shard
 SYNTHETIC_TOKENS = 2**20  # dataset=synthetic: uniform random tokens, nothing to learn
 GPT2_VOCAB = 50257  # their vocabulary when vocab_size is 0
 MIN_VAL_TOKENS = 1025  # at least one window of block_size 1024 (+1 for the shifted targets)
-CHUNK_TOKENS = 2**24  # bounded memory when copying or scanning large token files
 # A shard rewritten after make-dataset (same size, other tokens) would resume a run on other data
 # under the same fingerprint. Every open (evaluate, generate, each rank of a run) reads the sha256
-# of SAMPLE_BLOCKS blocks spread over the whole dataset (at least one per shard) again: about
-# 1 MiB, whatever the dataset's size. A training start also hashes every shard in full, split
-# over the ranks (`kinds.verify_files`): a change the samples miss is found there.
-SAMPLE_BLOCKS = 64
-SAMPLE_BYTES = 16 * 1024
+# of 64 blocks spread over the whole dataset (at least one per shard) again: about 1 MiB,
+# whatever the dataset's size (directory.record_samples). A training start also hashes every
+# shard in full, split over the ranks (`kinds.verify_files`): a change the samples miss is found
+# there.
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits (vocab_size <= 65536), uint32 above."""
-    return DTYPES["uint16"] if vocab_size <= 2**16 else DTYPES["uint32"]
-
-
-class DatasetError(ValueError):
-    """A token file or dataset directory that cannot be used; the message names the path."""
-
-
-# --- the byte-level tokenizer ---------------------------------------------------------------
-
-
-def encode_bytes(text: str) -> np.ndarray:
-    """Text -> its UTF-8 bytes as uint16 tokens (vocabulary 256)."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-
-
-def decode_bytes(tokens) -> str:
-    """Tokens -> text; bytes that are not valid UTF-8 (and ids > 255) become U+FFFD."""
-    values = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    values = np.where((values >= 0) & (values < BYTE_VOCAB), values, 0xFF)  # 0xFF: never UTF-8
-    return values.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
-
-
-def stdlib_files() -> list[Path]:
-    """The Python standard library's `.py` sources without tests: about 10 MB of real text on
-    every machine with Python, so `make-dataset --stdlib` needs no download."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-    files = [
-        path
-        for path in sorted(root.rglob("*.py"))
-        if not skip & set(path.relative_to(root).parts) and path.stat().st_size > 0
-    ]
-    if not files:
-        raise DatasetError(f"{root}: no Python sources found in the standard library directory")
-    return files
-
-
-# --- reading ---------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    """A whole file's sha256 (a dataset's tokenizer.json, the classifier's arrays)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
-def read_index(directory: Path) -> dict:
+def read_token_index(directory: Path) -> dict:
     """index.json of a token dataset, checked: each problem is one DatasetError line."""
-    path = Path(directory) / INDEX_FILE
-    try:
-        index = json.loads(path.read_text())
-    except FileNotFoundError:
+    written_by = (
+        f"token datasets are written by `python -m {__name__.split('.')[0]} make-dataset "
+        "--stdlib | --text FILE... | --hf SOURCE --tokenizer PATH | --tokens FILE --vocab-size V "
+        "--out DIR`"
+    )
+    index = read_index(directory, FORMAT, written_by)
+    path = Path(directory) / "index.json"
+    if index.get("dtype") not in TOKEN_DTYPES:
         raise DatasetError(
-            f"{path} not found: token datasets are written by `python -m {__name__.split('.')[0]} "
-            "make-dataset --stdlib | --text FILE... | --hf SOURCE --tokenizer PATH | "
-            "--tokens FILE --vocab-size V --out DIR`"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{path}: unreadable: {err}") from None
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        found = index.get("format") if isinstance(index, dict) else None
-        raise DatasetError(f"{path}: unknown dataset format {found!r}; expected {FORMAT!r}")
-    if index.get("dtype") not in DTYPES:
-        raise DatasetError(
-            f"{path}: unknown token dtype {index.get('dtype')!r}; expected one of {list(DTYPES)}"
+            f"{path}: unknown token dtype {index.get('dtype')!r}; expected one of "
+            f"{list(TOKEN_DTYPES)}"
         )
-    try:
+    with index_fields(directory):
         for split in ("train", "val"):
             for entry in index[split]["files"]:
                 str(entry["name"]), int(entry["tokens"]), int(entry["max_id"])
@@ -139,8 +81,6 @@ def read_index(directory: Path) -> dict:
                     )
                 int(entry["sampled_blocks"]), str(entry["sample_sha256"]), str(entry["sha256"])
         vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
     for split in ("train", "val"):
         if not index[split]["files"]:
             raise DatasetError(f"{path}: lists no {split} files; write the dataset again")
@@ -178,14 +118,14 @@ class TokenDataset:
         """Open the shards of a make-dataset directory, checking their sizes and largest ids
         against the index (an id outside the vocabulary would end training with an IndexError)."""
         directory = Path(directory)
-        index = read_index(directory)
-        dtype, vocab_size = DTYPES[index["dtype"]], int(index["vocab_size"])
+        index = read_token_index(directory)
+        dtype, vocab_size = TOKEN_DTYPES[index["dtype"]], int(index["vocab_size"])
         splits = {}
         for split in ("train", "val"):
             shards = []
             for entry in index[split]["files"]:
-                shard = open_shard(directory / entry["name"], int(entry["tokens"]), dtype)
-                check_samples(directory / entry["name"], entry)
+                size = int(entry["tokens"]) * dtype.itemsize
+                shard = open_checked(directory, entry, size, dtype, "token")
                 max_id = int(entry["max_id"])
                 if max_id >= vocab_size:
                     raise DatasetError(
@@ -270,98 +210,6 @@ class TokenDataset:
         return list(zip(x.split(batch_size), y.split(batch_size), strict=True))
 
 
-class ShardFile:
-    """One shard, its windows read with os.pread: a file cut short under a live run (truncated,
-    or rewritten by another make-dataset) gives a short read, named in one line, where the
-    missing pages of a memmap would end the process with SIGBUS and no message."""
-
-    def __init__(self, path: Path, tokens: int, dtype: np.dtype):
-        self.path, self.tokens, self.dtype = Path(path), tokens, np.dtype(dtype)
-        self._fd: int | None = None  # opened on first read, in the process that reads
-
-    def __len__(self) -> int:
-        return self.tokens
-
-    def __getstate__(self) -> dict:  # a loader process started by spawn opens its own
-        return {**self.__dict__, "_fd": None}
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        """The whole shard (np.asarray(shard)): for looking at the data, not for training."""
-        return np.fromfile(self.path, dtype=self.dtype, count=self.tokens).astype(
-            dtype or self.dtype
-        )
-
-    def __del__(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-
-    def windows(self, starts: np.ndarray, window: int) -> np.ndarray:
-        """Rows of `window` tokens from the positions `starts` (in this shard)."""
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        size = self.dtype.itemsize
-        rows = np.empty((len(starts), window), dtype=self.dtype)
-        for row, start in enumerate(starts.tolist()):
-            data = os.pread(self._fd, window * size, start * size)
-            if len(data) != window * size:
-                raise DatasetError(
-                    f"{self.path}: ends before token {start + window} of {self.tokens}: the file "
-                    "was cut short while this run read it; write the dataset again"
-                )
-            rows[row] = np.frombuffer(data, dtype=self.dtype)
-        return rows
-
-
-def open_shard(path: Path, tokens: int, dtype: np.dtype) -> ShardFile:
-    """One shard, refusing a missing one or one whose size is not `tokens` ids."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise DatasetError(
-            f"{path}: missing, but index.json lists it; the dataset is incomplete, write it again"
-        ) from None
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
-    if size != tokens * dtype.itemsize or not size:
-        raise DatasetError(
-            f"{path}: {size} bytes, but index.json says {tokens} {dtype.name} tokens; "
-            "the dataset is incomplete or was modified, write it again"
-        )
-    return ShardFile(path, tokens, dtype)
-
-
-def sample_sha256(path: Path, size: int, blocks: int) -> str:
-    """sha256 of `blocks` blocks of SAMPLE_BYTES spread evenly over the file of `size` bytes (its
-    first and last block included)."""
-    digest, span = hashlib.sha256(), max(size - SAMPLE_BYTES, 0)
-    with open(path, "rb") as f:
-        for k in range(blocks):
-            f.seek(span * k // max(blocks - 1, 1))
-            digest.update(f.read(SAMPLE_BYTES))
-    return "sha256:" + digest.hexdigest()
-
-
-def sample_blocks(sizes: list[int]) -> list[int]:
-    """How many blocks of each shard (of `sizes` bytes) make-dataset samples: SAMPLE_BLOCKS in
-    all, in proportion to size, at least one per shard."""
-    total = sum(sizes) or 1
-    return [max(1, round(SAMPLE_BLOCKS * size / total)) for size in sizes]
-
-
-def check_samples(path: Path, entry: dict) -> None:
-    """Refuse a shard whose sampled blocks are not those make-dataset wrote."""
-    try:
-        found = sample_sha256(path, path.stat().st_size, int(entry["sampled_blocks"]))
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
-    if found != entry["sample_sha256"]:
-        raise DatasetError(
-            f"{path}: changed since make-dataset wrote it (its sampled blocks differ from "
-            "index.json's), so the dataset's fingerprint no longer describes its tokens; write "
-            "the dataset again"
-        )
-
-
 def gather(shards: list, starts: np.ndarray, window: int, vocab_size: int) -> np.ndarray:
     """Rows of `window` tokens at `starts` (positions in the concatenated shards; a window lies
     inside one shard): one fancy-indexing read per shard touched, not one per token. An id at or
@@ -394,15 +242,6 @@ def split_window(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # --- the kind of dataset (data/kinds.py) ------------------------------------------------------
-
-
-def tokenizer_identity(details: dict) -> str | None:
-    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
-    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
-    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
-    if kind == "bytes":
-        return kind
-    return f"{kind} sha256:{digest}" if digest else None
 
 
 def synthetic_tokens(cfg) -> TokenDataset:  # dataset=synthetic

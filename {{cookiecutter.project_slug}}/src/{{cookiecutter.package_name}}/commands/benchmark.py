@@ -6,49 +6,44 @@ The plain loop (`"baseline"` in the line) depends on the data: batches drawn or 
 memory (token windows, arrays) are compared with a bare loop on one batch already on the device
 (it reads no data; token windows also with `inline`, the bare loop reading each batch from the
 same shards as nanoGPT's get_batch does); decoded samples (images) with torchvision's reference
-train.py written plainly (data/plain_loader.py), the same AdamW on both sides. The loops run in
-rounds of one block each, in turning order; each ratio is the median over the rounds of the
-package's block over the other loop's block of the same round (paired_ratio), timed by this
-process's CPU time on a CPU without loader processes, else by the wall clock (on CUDA with a
-synchronisation at the ends of each block only). `ratio` goal: <= 1.03; `inline_ratio`: <= 1.00.
-With one rank every loop steps the run's own model and optimizer.
+train.py written plainly (data/plain_loader.py), the same AdamW on both sides (the loops:
+training/baselines.py). The loops run in rounds of one block each, in turning order; each ratio
+is the median over the rounds of the package's block over the other loop's block of the same
+round (paired_ratio), timed by this process's CPU time on a CPU without loader processes, else
+by the wall clock (on CUDA with a synchronisation at the ends of each block only). `ratio` goal:
+<= 1.03; `inline_ratio`: <= 1.00. With one rank every loop steps the run's own model and
+optimizer.
 `bench_compare_compile=true` measures the other `compile` setting too; `bench_checkpoint=true`
 what a checkpoint costs training (a synchronous save's stall against an asynchronous one's).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
 import shutil
 import statistics
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from itertools import count
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
-from .checkpoint.initial import load_initial_weights, open_initial
-from .config.settings import Config
-from .data.batches import DRAW_AHEAD_STEPS, draws_ahead, map_tensors, resolve_num_workers
-from .data.plain_loader import (
+from .. import checkpoint, distributed
+from ..checkpoint.initial import load_initial_weights, open_initial
+from ..config.settings import Config
+from ..data.batches import DRAW_AHEAD_STEPS, draws_ahead, resolve_num_workers
+from ..data.plain_loader import (
     PREFETCH_FACTOR,
-    plain_batches,
-    plain_training_set,
-    read_windows,
-    token_dataset,
 )
-from .distributed import DistEnv
-from .models import lora
-from .optim import make_optimizer
-from .telemetry.timing import Blocks, paired_ratio, round_quartiles
-from .train import build, input_pipeline, parallel, train_step
+from ..distributed import DistEnv
+from ..models import lora
+from ..telemetry.timing import Blocks, paired_ratio, round_quartiles
+from ..training.baselines import Baseline, bare_loop, inline_loop, plain_loop
+from ..training.build import build, input_pipeline
+from ..training.step import train_step
+from .arguments import add_config_arguments
 
 BLOCK = 5  # steps per timed block; the loops' blocks alternate in rounds
 
@@ -64,131 +59,6 @@ SIZES = {
         "eval_samples=4096",
     ],
 }
-
-
-@dataclass
-class Baseline:
-    """The loop the package's step is compared with."""
-
-    key: str  # the prefix of its figures: "bare" or "plain"
-    description: str  # the JSON's "baseline"
-    step: Callable[[], None]
-    wait_s: Callable[[], float] | None = None  # its time spent waiting for input so far
-    close: Callable[[], None] = lambda: None
-
-
-def fresh_model(run) -> torch.nn.Module:
-    """The run's model built again from the same seed, compiled as the run's, unwrapped."""
-    torch.manual_seed(run.cfg.seed)
-    model = run.spec.build(run.cfg, run.source.info)
-    if run.cfg.compile:
-        parallel.apply_compile(run.spec, model)
-    return model.to(run.device)
-
-
-def loop_model(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The model and optimizer a plain loop steps. With one rank: the run's own, so that every
-    loop computes on the same tensors in the same memory (two copies of the tiny GPT measured up
-    to 1 % apart on a CPU, from where their tensors lay alone). With several: a copy, unwrapped
-    (the run's is DDP-wrapped or sharded)."""
-    if run.env.world_size == 1:
-        return run.model, run.optimizer
-    model = fresh_model(run)
-    return model, make_optimizer(model, run.cfg, run.device)
-
-
-def optimizer_step(model: torch.nn.Module, optimizer, cfg: Config) -> None:
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def mean_loss(loss, accum: int) -> torch.Tensor:
-    """What a plain loop back-propagates per micro-batch: the mean loss over the micro-batches
-    (a masked batch's (sum, count): its mean over the answer tokens, as cross_entropy with
-    ignore_index gives it)."""
-    if isinstance(loss, tuple):
-        loss = loss[0] / loss[1].clamp(min=1)
-    return loss / accum
-
-
-def bare_loop(run, batch) -> Baseline:
-    """Forward, backward and AdamW on one batch that is already on the device."""
-    cfg, (model, optimizer) = run.cfg, loop_model(run)
-
-    def step():
-        for _ in range(cfg.grad_accum_steps):
-            with run.autocast():
-                loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
-            loss.backward()
-        optimizer_step(model, optimizer, cfg)
-
-    return Baseline("bare", "bare: one batch already on the device, no data read", step)
-
-
-def inline_loop(run) -> Baseline:
-    """The bare loop reading each micro-batch inline from the run's token shards (read_windows),
-    the same steps' windows as the package, copied to the device as nanoGPT does."""
-    cfg, device = run.cfg, run.device
-    dataset, block = token_dataset(cfg), run.spec.context_length(cfg)
-    model, optimizer = loop_model(run)
-    steps = count(run.state.step)
-
-    def to_device(t: torch.Tensor) -> torch.Tensor:
-        if device.type == "cuda":
-            return t.pin_memory().to(device, non_blocking=True)
-        return t
-
-    def step():
-        number = next(steps)
-        for micro in range(cfg.grad_accum_steps):
-            x, y = read_windows(
-                dataset, cfg.seed, number, micro, run.env.rank, cfg.batch_size, block
-            )
-            with run.autocast():
-                loss = run.spec.task.loss(model, (to_device(x), to_device(y)))
-            (loss / cfg.grad_accum_steps).backward()
-        optimizer_step(model, optimizer, cfg)
-
-    source = "sliced from the same in-memory tokens"  # dataset=synthetic
-    if cfg.dataset != "synthetic":
-        source = "read from the same shards (np.memmap)"
-    return Baseline("inline", f"inline: each batch {source}, nanoGPT's get_batch", step)
-
-
-def plain_loop(run, workers: int) -> Baseline:
-    """torchvision's reference loop written plainly (data/plain_loader.py): a DataLoader with
-    a DistributedSampler, each batch copied to the device, the model in DDP over several ranks;
-    the package's AdamW (make_optimizer, not the reference's SGD: the same optimizer on both
-    sides), loss and autocast."""
-    cfg, env, device = run.cfg, run.env, run.device
-    dataset, reads = plain_training_set(run.source, cfg)
-    collate = run.source.collate
-    pin = device.type == "cuda"
-    batches = plain_batches(dataset, collate, cfg, env.rank, env.world_size, workers, pin)
-    model, optimizer = loop_model(run)
-    if env.world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[device] if pin else None)
-    waited = [0.0]
-
-    def step():
-        for micro in range(cfg.grad_accum_steps):
-            start = time.perf_counter()
-            batch = next(batches)
-            waited[0] += time.perf_counter() - start
-            batch = map_tensors(lambda t: t.to(device, non_blocking=True), batch)
-            with parallel.sync_gradients(model, enabled=micro == cfg.grad_accum_steps - 1):
-                with run.autocast():
-                    loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
-                loss.backward()
-        optimizer_step(model, optimizer, cfg)
-
-    description = (
-        f"plain: DataLoader(num_workers={workers}, DistributedSampler, pin_memory={pin}) over "
-        f"{reads}, the same transforms, {'DDP, ' * (env.world_size > 1)}AdamW"
-    )
-    return Baseline("plain", description, step, lambda: waited[0], batches.close)
 
 
 def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
@@ -422,6 +292,28 @@ def verdict(result: dict) -> str:
             "and {full_checkpoint_gib:.3g} GiB)".format(**result)
         )
     return sentence + "."
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    from ..models import MODELS
+
+    add_config_arguments(cmd)
+    cmd.add_argument(
+        "--size",
+        choices=("default", "large"),
+        default="default",
+        help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)",
+    )
+    cmd.add_argument("--model", choices=tuple(MODELS), help="same as model=...")
+    cmd.add_argument("--preset", help="same as preset=..., e.g. gpt2-124m")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config.settings import load_config
+
+    extra = SIZES[args.size] + [f"model={args.model}"] * bool(args.model)
+    extra += [f"preset={args.preset}"] * bool(args.preset)
+    return main(load_config(args.config, extra + args.overrides).config)
 
 
 def main(cfg: Config) -> int:

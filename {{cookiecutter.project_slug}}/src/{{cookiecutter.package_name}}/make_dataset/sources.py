@@ -1,9 +1,10 @@
 """The inputs `make-dataset` turns into datasets, one option each: `--stdlib`, `--text`,
-`--tokens` (shards.py), `--hf` (hf_datasets.py): token shards; `--images` (image_writer.py): an
-ImageFolder packed into image shards. An input format of your own is one module in
-this folder with a `SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md,
-"Your own input format"). make-dataset without any of them writes the classifier's arrays
-(`--x --y`).
+`--tokens` (text_files.py), `--hf` (hf_datasets.py): token shards (tokens.py writes them);
+`--images` (images.py): an ImageFolder packed into image shards; `--chat` (chat.py):
+conversations; `--x --y` (arrays.py): the classifier's arrays, also what make-dataset writes
+when no other source is named. An input format of your own is one module in this folder with a
+`SOURCES` tuple and its name in SOURCE_MODULES below: one line (docs/data.md, "Your own input
+format").
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 SOURCE_MODULES = (
-    "shards",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
+    "text_files",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
     "hf_datasets",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
-    "image_writer",  # --images: an ImageFolder packed into shards (the [vision] extra)
-    "chat_writer",  # --chat: conversations rendered with a chat template (the [hf] extra)
+    "images",  # --images: an ImageFolder packed into shards (the [vision] extra)
+    "chat",  # --chat: conversations rendered with a chat template (the [hf] extra)
+    "arrays",  # --x --y: the classifier's arrays, or synthetic ones (no source named)
 )
+DEFAULT_SOURCE = "--x"  # make-dataset --out DIR alone: synthetic arrays for model=mlp
 
 
 def token_summary(index: dict, args: argparse.Namespace) -> str:
@@ -35,7 +38,7 @@ def token_summary(index: dict, args: argparse.Namespace) -> str:
 class DatasetSource:
     """One make-dataset option. `add_arguments(make, group)` adds `option` to `group` (the
     mutually exclusive sources) and any options of its own to `make`; `write(args)` writes the
-    dataset at `args.out` (token shards: with `shards.write_shards`) and returns its index;
+    dataset at `args.out` (token shards: with `tokens.write_shards`) and returns its index;
     `summary(index, args)` is the line make-dataset prints then. Errors are `DatasetError`s, one
     line naming the file."""
 
@@ -56,7 +59,9 @@ def sources() -> dict[str, DatasetSource]:
     for module in SOURCE_MODULES:
         for source in importlib.import_module(f".{module}", __package__).SOURCES:
             if source.option in found:
-                raise ImportError(f"two dataset sources use {source.option} (data/{module}.py)")
+                raise ImportError(
+                    f"two dataset sources use {source.option} (make_dataset/{module}.py)"
+                )
             found[source.option] = source
     return found
 
@@ -69,6 +74,7 @@ def add_arguments(make: argparse.ArgumentParser) -> Any:
     return group
 
 
-def chosen(args: argparse.Namespace) -> DatasetSource | None:
-    """The source the command line names (argparse allows one); None: classifier arrays."""
-    return next((s for s in sources().values() if getattr(args, s.dest, None)), None)
+def chosen(args: argparse.Namespace) -> DatasetSource:
+    """The source the command line names (argparse allows one), else DEFAULT_SOURCE."""
+    named = (s for s in sources().values() if getattr(args, s.dest, None))
+    return next(named, sources()[DEFAULT_SOURCE])

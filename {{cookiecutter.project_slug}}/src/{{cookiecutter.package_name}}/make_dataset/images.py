@@ -1,12 +1,12 @@
 """`make-dataset --images DIR --out OUT [--val DIR2 | --val-fraction F] [--shard-mb MB]`: an
 ImageFolder (`DIR/<class>/<image>`, classes = the sorted folder names) packed into the shards
-of an images dataset (the format is described in images.py).
+of an images dataset (the format, and its reader: data/images.py).
 
 Every image is decoded once first (PIL, in a process pool when there are many), so a file that
 does not decode is one line naming it before anything is written. The encoded bytes are then
 copied unchanged, in the order of (class, file name), into shards of about --shard-mb each: the
 same input gives the same bytes. Everything is written into a hidden temporary directory next to
-OUT and renamed to OUT at the end, as for token shards (shards.py): an error, Ctrl-C or SIGTERM
+OUT and renamed to OUT at the end (data/directory.py, `written`): an error, Ctrl-C or SIGTERM
 leaves nothing that looks like a dataset.
 """
 
@@ -16,7 +16,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -24,11 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from ..config_keys import first_line, number_option
+from ..data.directory import DatasetError, check_out, record_samples, written
+from ..data.images import FORMAT, RECORD, SPLITS, pil_image
 from .hf_datasets import default_workers
-from .images import FORMAT, INDEX_FILE, RECORD, SPLITS, pil_image, read_index
-from .shards import publish, temporary_directory, write_json
 from .sources import DatasetSource
-from .tokens import DatasetError, sample_blocks, sample_sha256
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SHARD_MB = 128
@@ -174,20 +172,6 @@ def close_shard(handle) -> None:
     handle.close()
 
 
-def record_samples(tmp: Path, index: dict) -> None:
-    """Each shard's sampled blocks and their hash: every open checks them (tokens.py)."""
-    entries = [entry for split in SPLITS for entry in index[split]["shards"]]
-    sizes = [entry["bytes"] for entry in entries]
-    for entry, size, blocks in zip(entries, sizes, sample_blocks(sizes), strict=True):
-        entry["sampled_blocks"] = blocks
-        entry["sample_sha256"] = sample_sha256(tmp / entry["name"], size, blocks)
-
-
-def check_out(out: Path) -> None:
-    if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
-        raise DatasetError(f"{out}: exists and is not a dataset; choose a new directory")
-
-
 def write_image_dataset(
     images: Path,
     out: Path,
@@ -219,10 +203,10 @@ def write_image_dataset(
                 "the same class folders are needed"
             )
         validation = f"from {val}"
-    check_out(out)
+    check_out(out, "images dataset")
     modes = check_images([path for path, _ in train + held], workers or default_workers())
-    tmp = temporary_directory(out)
-    try:
+
+    def write(tmp: Path) -> dict:
         index = {"format": FORMAT, "classes": classes}
         index["counts"] = {"train": len(train), "val": len(held)}
         index["converted"] = sum(mode != "RGB" for mode in modes)
@@ -231,19 +215,18 @@ def write_image_dataset(
         for split, files in zip(SPLITS, (train, held), strict=True):
             index[split], digest = write_split(tmp, split, files, int(shard_mb * 2**20))
             digests.append(digest)
-        record_samples(tmp, index)
+        shards = [entry for split in SPLITS for entry in index[split]["shards"]]
+        record_samples(tmp, shards, [entry["bytes"] for entry in shards])
         header = json.dumps([FORMAT, classes, digests]).encode()  # the images, not their paths
         index["fingerprint"] = "sha256:" + hashlib.sha256(header).hexdigest()
         index["sources"] = [str(images)] + ([str(val)] if val is not None else [])
-        write_json(tmp / INDEX_FILE, index)
-        return publish(tmp, out, index, "images dataset", read_index)
-    except OSError as err:  # a file gone since the check, a full disk: one line, nothing left
-        raise DatasetError(f"{err.filename or out}: {err.strerror or err}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
+        return index
+
+    # a file gone since the check, a full disk: one line, nothing left
+    return written(out, "images dataset", write)
 
 
-# --- make-dataset's options (data/sources.py) ------------------------------------------------
+# --- make-dataset's options (sources.py) ---------------------------------------------------
 
 
 def add_arguments(make, source) -> None:

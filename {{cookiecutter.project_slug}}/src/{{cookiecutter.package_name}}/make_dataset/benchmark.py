@@ -1,5 +1,5 @@
-"""`python -m <pkg>.data.benchmark --tokenizer tokenizer.json (--hf SOURCE | --synthetic-mb N)`:
-time `make-dataset --hf` against the tokenizer alone, and print one JSON line.
+"""`python -m <pkg>.make_dataset.benchmark --tokenizer tokenizer.json (--hf SOURCE |
+--synthetic-mb N)`: time `make-dataset --hf` against the tokenizer alone, and print one JSON line.
 
 - pipeline_tokens_per_s: the whole make-dataset run (read, encode, convert, write the shards,
   fingerprint them) into a temporary directory;
@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 
 from ..config_keys import integer_option, optional_import
+from ..data.directory import DatasetError
+from ..data.tokenizer import load_tokenizer
 from . import hf_datasets
-from .tokenizer import load_tokenizer
-from .tokens import DatasetError, stdlib_files
+from .text_files import stdlib_files
 
 
 def synthetic_corpus(directory: Path, megabytes: int, rows_per_group: int = 512) -> Path:

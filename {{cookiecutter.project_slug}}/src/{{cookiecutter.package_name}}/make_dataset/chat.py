@@ -1,6 +1,6 @@
 """`make-dataset --chat SOURCE --tokenizer DIR`: conversations rendered with the tokenizer's chat
-template into a chat dataset (data/chat.py): token ids, a loss mask that selects the assistant's
-tokens, and the conversations' lengths.
+template into a chat dataset (its reader: data/chat.py): token ids, a loss mask that selects the
+assistant's tokens, and the conversations' lengths.
 
 A conversation is a record with `messages` (OpenAI: `role`, `content`), `conversations`
 (ShareGPT: `from`, `value`) or `prompt` and `completion` columns. It is rendered as the model
@@ -24,14 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, integer_option, optional_import
-from .chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names, sample_entry
+from ..config_keys import first_line, integer_option
+from ..data.chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names
+from ..data.directory import (
+    MAX_VOCAB,
+    DatasetError,
+    check_out,
+    file_sha256,
+    record_samples,
+    token_dtype,
+    written,
+)
+from ..data.tokenizer import COMPANION_FILES, load_chat_tokenizer, tokenizer_file
 from .hf_datasets import open_source
-from .info import INDEX_FILE
-from .shards import publish, temporary_directory, write_json
 from .sources import DatasetSource
-from .tokenizer import COMPANION_FILES, tokenizer_file
-from .tokens import MAX_VOCAB, DatasetError, file_sha256, token_dtype
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", **ROLES}
@@ -130,36 +136,6 @@ def turn_of(message, role_key: str, text_key: str, roles: dict, where: str) -> d
 # --- rendering -------------------------------------------------------------------------------
 
 
-def load_chat_tokenizer(path: Path, template_file: Path | None):
-    """A transformers tokenizer with a chat template: a tokenizer directory (tokenizer.json,
-    tokenizer_config.json, chat_template.jinja) or a tokenizer.json; `template_file` replaces
-    or provides the template."""
-    transformers = optional_import("transformers", "hf", "make-dataset --chat", DatasetError)
-    path = Path(path)
-    try:
-        if path.is_dir():
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        elif path.is_file():
-            tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
-        else:
-            raise DatasetError(f"{path}: no such tokenizer file or directory")
-    except DatasetError:
-        raise
-    except Exception as err:  # transformers' and the Rust side's many error types
-        raise DatasetError(f"{path}: not a readable tokenizer: {first_line(err)}") from None
-    if template_file is not None:
-        try:
-            tokenizer.chat_template = Path(template_file).read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise DatasetError(f"{template_file}: cannot read: {err}") from None
-    if not tokenizer.chat_template:
-        raise DatasetError(
-            f"{path}: the tokenizer has no chat template; give one with --chat-template FILE "
-            "(a Jinja template, e.g. the chat_template.jinja of the model's instruct version)"
-        )
-    return tokenizer
-
-
 def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) -> str:
     try:
         return tokenizer.apply_chat_template(
@@ -247,7 +223,10 @@ class SplitWriter:
                 f"no {self.split} conversations: every {VAL_EVERY}th conversation is a "
                 f"validation one, so at least {VAL_EVERY} are needed"
             )
-        files = {part: sample_entry(self.directory / name) for part, name in self.names.items()}
+        files = {
+            part: {"name": name, "bytes": (self.directory / name).stat().st_size}
+            for part, name in self.names.items()
+        }
         return {
             "conversations": self.conversations,
             "tokens": self.tokens,
@@ -279,51 +258,51 @@ def write_chat_dataset(
     max_length: int = 2048,
 ) -> dict:
     """Render, tokenise and write the conversations of `source` as a chat dataset at `out`
-    (written beside it and renamed at the end, as `shards.write_shards`)."""
+    (written beside it and renamed at the end: data/directory.py, `written`)."""
     out = Path(out)
     if max_length < 2:
         raise DatasetError(f"--max-length {max_length}: a conversation needs at least 2 tokens")
-    if out.exists() and not (out / INDEX_FILE).exists() and (out.is_file() or any(out.iterdir())):
-        raise DatasetError(f"{out}: exists and is not a chat dataset; choose a new directory")
+    check_out(out, "chat dataset")
     tokenizer = load_chat_tokenizer(tokenizer_path, template_file)
     vocab_size = max(tokenizer.get_vocab().values()) + 1  # ids run from 0 to the largest
     if vocab_size > MAX_VOCAB:
         raise DatasetError(f"{tokenizer_path}: {vocab_size} ids, more than {MAX_VOCAB}")
     dtype = token_dtype(vocab_size)
-    tmp = temporary_directory(out)
-    counts = {"truncated": 0, "dropped": 0}
-    writers = {}
-    try:
-        writers = {name: SplitWriter(tmp, name, dtype) for name in ("train", "val")}
-        written = 0
-        for ids, mask in encoded(source, split, tokenizer, train_on_prompt):
-            kept = fit(ids, mask, max_length, too_long, counts)
-            if kept is not None:
-                written += 1
-                writers["val" if written % VAL_EVERY == 0 else "train"].write(*kept)
-        if counts["dropped"] and written < VAL_EVERY:
-            raise DatasetError(
-                f"{source}: {counts['dropped']} conversations longer than --max-length "
-                f"{max_length} tokens dropped, {written} left: too few to write (at least "
-                f"{VAL_EVERY}); raise --max-length"
-                + (" or use --too-long truncate" if too_long == "drop" else "")
-            )
-        index = {"format": FORMAT, "dtype": dtype.name, "vocab_size": vocab_size}
-        index.update(tokenizer="huggingface", document_end=tokenizer.eos_token_id)
-        index["tokenizer_file"] = save_tokenizer(tokenizer, tmp, tokenizer_path)
-        index.update(max_length=max_length, train_on_prompt=train_on_prompt, **counts)
-        index["train"], index["val"] = writers["train"].close(), writers["val"].close()
+
+    def write(tmp: Path) -> dict:
+        counts = {"truncated": 0, "dropped": 0}
+        writers = {}
+        try:
+            writers = {name: SplitWriter(tmp, name, dtype) for name in ("train", "val")}
+            kept_count = 0
+            for ids, mask in encoded(source, split, tokenizer, train_on_prompt):
+                kept = fit(ids, mask, max_length, too_long, counts)
+                if kept is not None:
+                    kept_count += 1
+                    writers["val" if kept_count % VAL_EVERY == 0 else "train"].write(*kept)
+            if counts["dropped"] and kept_count < VAL_EVERY:
+                raise DatasetError(
+                    f"{source}: {counts['dropped']} conversations longer than --max-length "
+                    f"{max_length} tokens dropped, {kept_count} left: too few to write (at least "
+                    f"{VAL_EVERY}); raise --max-length"
+                    + (" or use --too-long truncate" if too_long == "drop" else "")
+                )
+            index = {"format": FORMAT, "dtype": dtype.name, "vocab_size": vocab_size}
+            index.update(tokenizer="huggingface", document_end=tokenizer.eos_token_id)
+            index["tokenizer_file"] = save_tokenizer(tokenizer, tmp, tokenizer_path)
+            index.update(max_length=max_length, train_on_prompt=train_on_prompt, **counts)
+            index["train"], index["val"] = writers["train"].close(), writers["val"].close()
+        finally:
+            for writer in writers.values():
+                for handle in writer.handles.values():
+                    handle.close()
+        files = [entry for name in ("train", "val") for entry in index[name]["files"].values()]
+        record_samples(tmp, files, [entry["bytes"] for entry in files])
         index["fingerprint"] = fingerprint(tmp, index)
         index["sources"] = [f"{source} (split {split})"]
-        write_json(tmp / INDEX_FILE, index)
-        return publish(tmp, out, index, "chat dataset", read_existing=read_json)
-    except OSError as err:
-        raise DatasetError(f"{err.filename or out}: {err.strerror or err}") from None
-    finally:
-        for writer in writers.values():
-            for handle in writer.handles.values():
-                handle.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        return index
+
+    return written(out, "chat dataset", write)
 
 
 def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterator:
@@ -375,14 +354,7 @@ def fingerprint(directory: Path, index: dict) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def read_json(directory: Path) -> dict:
-    try:
-        return json.loads((Path(directory) / INDEX_FILE).read_text())
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{directory / INDEX_FILE}: unreadable: {err}") from None
-
-
-# --- command line (data/sources.py) ----------------------------------------------------------
+# --- command line (sources.py) -----------------------------------------------------------------
 
 
 def add_arguments(make, source) -> None:

@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from ..config_keys import first_line, integer_option, optional_import
-from ..run.atomic import output_path
-from .shards import write_shards
+from ..data.directory import DatasetError, token_dtype
+from ..data.tokenizer import companion_files, document_separator, load_tokenizer, vocabulary_size
 from .sources import DatasetSource
-from .tokenizer import companion_files, document_separator, load_tokenizer, vocabulary_size
-from .tokens import DatasetError, token_dtype
+from .tokens import write_shards
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
@@ -314,7 +313,7 @@ def write_hf_dataset(
     return index
 
 
-# --- command line (commands.py) --------------------------------------------------------------
+# --- command line (sources.py) ----------------------------------------------------------------
 
 
 def add_arguments(make, source) -> None:
@@ -344,20 +343,6 @@ def add_arguments(make, source) -> None:
     )
 
 
-def add_train_tokenizer(cmd) -> None:
-    """train-tokenizer's arguments: the same sources as make-dataset, text files or --hf
-    (JSONL/parquet/CSV files or folders, hub datasets) with --split and --column."""
-    source = cmd.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", type=Path, nargs="+", metavar="FILE", help="text files")
-    source.add_argument(
-        "--hf", metavar="SOURCE", help="as make-dataset --hf: a data file, folder or hub name"
-    )
-    cmd.add_argument("--split", default="train", help="with --hf: the split (default: train)")
-    cmd.add_argument("--column", default="text", help="with --hf: the text column (default: text)")
-    cmd.add_argument("--vocab-size", type=integer_option, required=True, help="ids, at least 257")
-    cmd.add_argument("--out", type=output_path, required=True, help="the tokenizer.json to write")
-
-
 def make_dataset(args) -> dict:
     if args.tokenizer is None:
         raise DatasetError("make-dataset --hf needs --tokenizer (a tokenizer.json or its folder)")
@@ -367,18 +352,3 @@ def make_dataset(args) -> dict:
 
 
 SOURCES = (DatasetSource("--hf", add_arguments, make_dataset),)  # make-dataset --hf (sources.py)
-
-
-def train_tokenizer_command(args) -> int:
-    from .tokenizer import train_tokenizer
-
-    documents = None
-    if args.hf:  # the documents make-dataset --hf would read, in batches
-        dataset, _ = open_source(args.hf, args.split)
-        documents = text_batches(dataset, args.column, args.hf, 1000, 1 << 24)
-    size = train_tokenizer(args.text or [], args.vocab_size, args.out, documents)
-    print(
-        f"wrote {args.out}: byte-level BPE of {size} ids; tokenise with make-dataset --hf SOURCE "
-        f"--tokenizer {args.out} --out DIR"
-    )
-    return 0

@@ -13,6 +13,7 @@ nothing is written."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -20,18 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, distributed
-from .checkpoint import complete_checkpoints, lora, read_checkpoint, verify
-from .checkpoint.initial import load_initial_weights, open_initial
-from .config.settings import Config, load_config
-from .config_keys import ConfigError, split_assignment
-from .data import batches as data
-from .data.kinds import kind_of_directory
-from .data.tokenizer import text_codec
-from .data.tokens import TokenDataset
-from .models import spec_of
-from .run.rundir import RunDir
-from .train import build, evaluate
+from .. import checkpoint, distributed
+from ..checkpoint import complete_checkpoints, lora, read_checkpoint, verify
+from ..checkpoint.initial import load_initial_weights, open_initial
+from ..config.settings import Config, load_config
+from ..config_keys import ConfigError, split_assignment
+from ..data import batches as data
+from ..data.kinds import kind_of_directory
+from ..data.tokenizer import text_codec
+from ..data.tokens import TokenDataset
+from ..models import spec_of
+from ..run.rundir import RunDir
+from ..training.build import build
+from ..training.step import evaluate
 
 # what evaluate may change about a run: the data it reads and how it runs
 ALLOWED = {"dataset", "eval_batches", "batch_size", "device", "num_workers", "cpu_threads"}
@@ -215,3 +217,21 @@ def main(overrides: list[str], show_split: bool = False) -> int:
     if result:
         print(json.dumps(result), flush=True)
     return 0
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="run_dir=DIR or hf_model=DIR dataset=D; dataset=, eval_batches=, batch_size=, device=",
+    )
+    cmd.add_argument(
+        "--print-split",
+        action="store_true",
+        help="print the validation split of dataset=D (or run_dir's) as text, evaluate nothing",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(args.overrides, args.print_split)

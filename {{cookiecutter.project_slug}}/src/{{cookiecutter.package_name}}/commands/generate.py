@@ -9,28 +9,33 @@ as bytes for byte-level datasets (`make-dataset --stdlib/--text`).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from .checkpoint import load_model_state
-from .config.settings import ConfigError, saved_config
-from .config_keys import first_line
-from .data.info import DataInfo, saved_data_info
-from .data.tokenizer import (
+from ..checkpoint import load_model_state
+from ..config.settings import ConfigError, saved_config
+from ..config_keys import first_line, integer_option, number_option
+from ..data.directory import file_sha256
+from ..data.info import DataInfo, saved_data_info
+from ..data.tokenizer import (
     check_run_tokenizer,
+    load_chat_tokenizer,
     recorded_tokenizer_sha256,
     text_codec,
     tokenizer_file,
 )
-from .data.tokens import file_sha256
-from .models import spec_of
-from .models.spec import sample
+from ..models import spec_of
+from ..models.spec import sample
+from . import PROG
+from .arguments import run_dir_argument
 
-log = logging.getLogger(__package__)
+log = logging.getLogger(__name__.split(".")[0])
 
 
 MAX_TOKENS = 100_000  # a typo such as --tokens 1e9 is refused instead of running for days
@@ -143,8 +148,6 @@ def chat_prompt(message: str, tokenizer: Path) -> tuple[str, int | None]:
     """`message` as a user's turn in the chat template of the tokenizer (a directory, or the
     one holding the tokenizer.json: a chat dataset's), up to where the answer starts; and the
     id of the token that ends the answer (the tokenizer's eos)."""
-    from .data.chat_writer import load_chat_tokenizer
-
     turn = [{"role": "user", "content": message}]
     chat = load_chat_tokenizer(tokenizer if tokenizer.is_dir() else tokenizer.parent, None)
     prompt = chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
@@ -154,3 +157,49 @@ def chat_prompt(message: str, tokenizer: Path) -> tuple[str, int | None]:
 def generate(run_dir: Path, prompt: str, n_tokens: int, *args, **kwargs) -> str:
     """The prompt and its continuation as one string (see `stream`)."""
     return "".join(stream(run_dir, prompt, n_tokens, *args, **kwargs))
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
+    prompt = cmd.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="\n", help="text to continue")
+    prompt.add_argument(
+        "--chat", metavar="MESSAGE", help="a user's message, in the tokenizer's chat template"
+    )
+    cmd.add_argument(
+        "--tokens", type=integer_option, default=200, help="number of tokens to generate"
+    )
+    cmd.add_argument("--temperature", type=number_option, default=0.8)
+    cmd.add_argument("--top-k", type=integer_option, default=200)
+    cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    cmd.add_argument("--seed", type=integer_option, default=0)
+    cmd.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json (default: the one in the run's dataset)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the text as it is sampled; Ctrl-C stops and keeps what was printed."""
+    pieces = stream(
+        args.run,
+        args.prompt if args.chat is None else args.chat,
+        args.tokens,
+        args.temperature,
+        args.top_k,
+        args.device,
+        args.seed,
+        args.tokenizer,
+        args.chat is not None,
+    )
+    printed = False
+    try:
+        for piece in pieces:
+            print(piece, end="", flush=True)
+            printed = True
+    except KeyboardInterrupt:
+        print(flush=True)
+        what = "the text above is what was sampled" if printed else "nothing was sampled yet"
+        print(f"{PROG} generate: stopped (Ctrl-C); {what}", file=sys.stderr)
+        return 130
+    print()
+    return 0
