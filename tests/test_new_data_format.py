@@ -23,7 +23,7 @@ def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
     return repo, add_from_docs(
         bake("default"), repo, "data.md", "make_dataset/id_lines.py", "make_dataset/sources.py",
         '"hf_datasets",',
-    )
+    )  # fmt: skip
 
 
 def test_a_format_in_one_module_writes_a_dataset_a_gpt_trains_on(user_repo, tmp_path):
