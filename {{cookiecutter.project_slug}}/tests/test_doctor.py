@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
 
-from {{ cookiecutter.package_name }}.doctor import checks, vision
+from {{ cookiecutter.package_name }}.doctor import bandwidth, checks, storage, vision
 from {{ cookiecutter.package_name }}.doctor import preflight as doctor
 from {{ cookiecutter.package_name }}.doctor.checks import FAIL, OK, WARN
 
@@ -275,7 +275,7 @@ def test_check_fabric_env(change, alps_gpu, status, text):
 
 
 def test_check_directory_ok_and_not_created(tmp_path):
-    result = checks.check_directory("run_dir", tmp_path / "new" / "run", 0.0, lambda p: None)
+    result = storage.check_directory("run_dir", tmp_path / "new" / "run", 0.0, lambda p: None)
     assert result.status == OK and f"(in {tmp_path})" in result.message
     assert not (tmp_path / "new").exists()
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
@@ -283,7 +283,7 @@ def test_check_directory_ok_and_not_created(tmp_path):
 
 def test_check_directory_below_a_file_fails(tmp_path):
     (tmp_path / "f").write_text("")
-    result = checks.check_directory("run_dir", tmp_path / "f" / "run", 0.0, lambda p: None)
+    result = storage.check_directory("run_dir", tmp_path / "f" / "run", 0.0, lambda p: None)
     assert result.status == FAIL and "is not a directory; choose another run_dir" in result.message
 
 
@@ -291,19 +291,19 @@ def test_check_directory_below_a_file_fails(tmp_path):
 def test_check_directory_read_only_fails(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    result = checks.check_directory("data_dir", locked, 0.0, lambda p: None)
+    result = storage.check_directory("data_dir", locked, 0.0, lambda p: None)
     assert result.status == FAIL and "is not writable" in result.message
 
 
 def test_check_directory_free_space_and_striping(tmp_path):
-    full = checks.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
+    full = storage.check_directory("run_dir", tmp_path, 1e9, lambda p: None)
     assert full.status == WARN and "GiB free" in full.message
-    flat = checks.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
-    layout = checks.lustre_layout(REPO / "scripts" / "stripe_lustre.sh")
+    flat = storage.check_directory("run_dir", tmp_path, 0.0, lambda p: 1)
+    layout = storage.lustre_layout(REPO / "scripts" / "stripe_lustre.sh")
     assert layout and flat.status == WARN
     assert f"run scripts/stripe_lustre.sh {tmp_path} (lfs setstripe {layout})" in flat.message
     for stripes in (32, -1):
-        striped = checks.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
+        striped = storage.check_directory("run_dir", tmp_path, 0.0, lambda p, n=stripes: n)
         assert striped.status == OK and f"stripe count {stripes}" in striped.message
 
 
@@ -312,10 +312,10 @@ def test_stripe_advice_reads_the_layout_from_the_script(tmp_path):
     script = tmp_path / "scripts" / "stripe_lustre.sh"
     script.parent.mkdir()
     script.write_text("#!/bin/bash\nLAYOUT=(-E 8M -c 1  -E -1 -c 16)\n")
-    advice = checks.stripe_advice(Path("/d"), roots=(tmp_path,))
+    advice = storage.stripe_advice(Path("/d"), roots=(tmp_path,))
     assert advice == "scripts/stripe_lustre.sh /d (lfs setstripe -E 8M -c 1 -E -1 -c 16)"
     script.unlink()  # a package installed away from the repository: the script is named
-    assert checks.stripe_advice(Path("/d"), roots=(tmp_path,)).startswith(
+    assert storage.stripe_advice(Path("/d"), roots=(tmp_path,)).startswith(
         "scripts/stripe_lustre.sh /d from the repository"
     )
 
@@ -331,9 +331,9 @@ def test_lustre_stripe_count_reads_lfs(tmp_path, monkeypatch):
             subprocess.run([lfs], check=False)
         except PermissionError:
             pytest.skip(f"{tmp_path} does not allow running programs (noexec)")
-        assert checks.lustre_stripe_count(tmp_path) == count
+        assert storage.lustre_stripe_count(tmp_path) == count
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert checks.lustre_stripe_count(tmp_path) is None  # no lfs: not checked
+    assert storage.lustre_stripe_count(tmp_path) is None  # no lfs: not checked
 
 
 def test_check_clock_skew():
@@ -350,32 +350,36 @@ def test_check_gpu_sharing():
 
 
 def test_bus_bandwidth_as_nccl_tests_defines_it():
-    algbw, busbw = doctor.bus_bandwidth(4 * 10**9, 2.0, 4)
+    algbw, busbw = bandwidth.bus_bandwidth(4 * 10**9, 2.0, 4)
     assert algbw == pytest.approx(2.0) and busbw == pytest.approx(2.0 * 2 * 3 / 4)
-    assert doctor.bus_bandwidth(10**9, 1.0, 2) == pytest.approx((1.0, 1.0))
+    assert bandwidth.bus_bandwidth(10**9, 1.0, 2) == pytest.approx((1.0, 1.0))
 
 
 def test_expected_busbw():
-    assert doctor.expected_busbw("cpu", 1, 2) is None
-    assert doctor.expected_busbw("cuda", 1, 1) is None
-    assert doctor.expected_busbw("cuda", 1, 4)[0] == 250
-    assert doctor.expected_busbw("cuda", 2, 4)[0] == 50
-    assert doctor.expected_busbw("cuda", 8, 1)[0] == 15
+    assert bandwidth.expected_busbw("cpu", 1, 2) is None
+    assert bandwidth.expected_busbw("cuda", 1, 1) is None
+    assert bandwidth.expected_busbw("cuda", 1, 4)[0] == 250
+    assert bandwidth.expected_busbw("cuda", 2, 4)[0] == 50
+    assert bandwidth.expected_busbw("cuda", 8, 1)[0] == 15
 
 
 def test_check_bandwidth():
-    assert doctor.check_bandwidth(1.0, 2**20, "gloo on CPU", None).status == OK
-    low = doctor.check_bandwidth(20.0, 2**30, "NCCL", (50.0, "several nodes"))
+    assert bandwidth.check_bandwidth(1.0, 2**20, "gloo on CPU", None).status == OK
+    low = bandwidth.check_bandwidth(20.0, 2**30, "NCCL", (50.0, "several nodes"))
     assert low.status == WARN and "below half of the 50 GB/s" in low.message
-    assert doctor.check_bandwidth(30.0, 2**30, "NCCL", (50.0, "several nodes")).status == OK
+    assert bandwidth.check_bandwidth(30.0, 2**30, "NCCL", (50.0, "several nodes")).status == OK
 
 
 def test_parse_sizes_and_format():
-    assert doctor.parse_sizes("1M, 64MiB,1G,512") == (2**20, 64 * 2**20, 2**30, 512)
+    assert bandwidth.parse_sizes("1M, 64MiB,1G,512") == (2**20, 64 * 2**20, 2**30, 512)
     for bad in ("0M", "1T", "x", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            doctor.parse_sizes(bad)
-    assert [doctor.format_size(n) for n in (512, 2**20, 3 * 2**30)] == ["512 B", "1 MiB", "3 GiB"]
+            bandwidth.parse_sizes(bad)
+    assert [bandwidth.format_size(n) for n in (512, 2**20, 3 * 2**30)] == [
+        "512 B",
+        "1 MiB",
+        "3 GiB",
+    ]
     assert checks.format_ranks([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
 
 
@@ -396,5 +400,5 @@ def test_report_lines_group_ranks():
 
 def test_the_doctor_finds_the_repository_it_lives_in():
     """The stripe advice reads scripts/stripe_lustre.sh from the repository the package is in."""
-    assert checks.REPO_ROOT == REPO
-    assert (checks.REPO_ROOT / checks.STRIPE_SCRIPT).is_file()
+    assert storage.REPO_ROOT == REPO
+    assert (storage.REPO_ROOT / storage.STRIPE_SCRIPT).is_file()
