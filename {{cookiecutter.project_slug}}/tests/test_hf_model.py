@@ -205,15 +205,16 @@ def test_files_in_other_layouts_load_or_are_refused_in_one_line(tmp_path):
 # Build a run and load its initial weights, nothing else: the figures as one JSON line
 LOAD_ONLY = """
 import json, sys
-from {{ cookiecutter.package_name }}.checkpoint.initial import load_initial_weights, open_initial
+from {{ cookiecutter.package_name }}.checkpoint.start import load_start, open_start
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.distributed import process_group
+from {{ cookiecutter.package_name }}.models import spec_of
 from {{ cookiecutter.package_name }}.training.build import build
 cfg, _ = load_config(None, sys.argv[1:])
+start = open_start(cfg, spec_of(cfg), "")
 with process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, device):
-    run = build(cfg, env, device)
-    source = open_initial(cfg, run.spec)
-    memory = load_initial_weights(run.model, run.spec, cfg, run.source.info, source)[1]
+    run = build(cfg, env, device, start)
+    memory = load_start(start, run.model, run.spec, cfg, run.source.info)[2]
     print(json.dumps(run.memory | memory))
 """
 

@@ -44,9 +44,10 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
     no base tensor, and the optimizer holds the adapters only; the benchmark's sizes count
     them."""
     from {{ cookiecutter.package_name }} import distributed
-    from {{ cookiecutter.package_name }}.checkpoint import lora
+    from {{ cookiecutter.package_name }}.checkpoint.start import load_start, open_start
     from {{ cookiecutter.package_name }}.commands.benchmark import verdict
     from {{ cookiecutter.package_name }}.config.settings import load_config
+    from {{ cookiecutter.package_name }}.models import spec_of
     from {{ cookiecutter.package_name }}.models.lora import state_sizes
     from {{ cookiecutter.package_name }}.training import build, step
 
@@ -54,8 +55,9 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
     extra = ("lora_rank=4", "lr=1e-2", "min_lr=1e-2")
     cfg = load_config(None, args(tmp_path / "model", tmp_path / "run", *extra)).config
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
-        run = build.build(cfg, env, dev)
-        lora.load_base(run.model, run.spec, cfg, run.source.info, None)
+        start = open_start(cfg, spec_of(cfg), "")  # a new run: its base opened
+        run = build.build(cfg, env, dev, start)
+        load_start(start, run.model, run.spec, cfg, run.source.info)
         before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
         adapters = {n for n, p in run.model.named_parameters() if p.requires_grad}
         assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
@@ -64,7 +66,8 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
         batch = next(inputs)
         inputs.close()
         with torch.no_grad():
-            torch.testing.assert_close(run.model(batch[0]), original(batch[0]).logits)
+            inputs = batch["inputs"]
+            torch.testing.assert_close(run.model(inputs), original(inputs).logits)
         losses = [step.train_step(run, iter([batch])).item() for _ in range(8)]
         after = dict(run.model.named_parameters())
         optimized = {id(p) for group in run.optimizer.param_groups for p in group["params"]}

@@ -13,9 +13,9 @@ holds the whole model or the whole checkpoint at any time. Names and shapes are 
 first: a source that is not the configured model is refused naming the first tensor (or
 setting) that differs.
 
-A source is read once (`open_initial`, before the run directory is touched): a Hugging Face
-directory's config.json, weight files and tensor headers, a weights file's tensors (memory-mapped),
-or a run directory's checkpoints.
+A source is read once (`open_initial`, which start.py's `open_start` calls before the run
+directory is touched): a Hugging Face directory's config.json, weight files and tensor headers,
+a weights file's tensors (memory-mapped), or a run directory's checkpoints.
 What the run's model calls each Hugging Face tensor is its spec's map (`ModelSpec.hf`).
 """
 

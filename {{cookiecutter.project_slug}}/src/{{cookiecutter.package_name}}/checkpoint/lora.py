@@ -1,5 +1,5 @@
 """A LoRA run's weights (models/lora.py): the frozen base is hf_model's, read at every start (a
-new run and each resume); checkpoints hold the adapters and their optimizer state only
+new run and each resume: start.py); checkpoints hold the adapters and their optimizer state only
 (ModelAndOptimizer leaves frozen parameters out) and name the base by its fingerprint, so a
 resume on another base is refused. Outside training the adapters are merged into the base
 (`merged`: export, generate), or exported as they are (export_peft.py).
@@ -21,12 +21,10 @@ import struct
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ..config_keys import ConfigError
 from ..models import lora
 from . import hf_format
-from .initial import load_initial_weights, open_initial
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -75,16 +73,6 @@ def record_base(extra: dict, cfg) -> None:
             raise ConfigError(f"{message}: give the run its own base, or use a new run_dir")
         log.warning("force_resume=true: %s", message)
     extra["lora_base"] = current
-
-
-def load_base(model: nn.Module, spec, cfg, info, initial) -> None:
-    """A resumed LoRA run's (or an evaluation's) frozen base from hf_model, before the
-    checkpoint's adapters load over it. Nothing for other runs, nor when `initial` is given
-    (a new run: its initial weights are this base, loaded once)."""
-    if not lora.enabled(cfg) or initial is not None:
-        return
-    loaded, _ = load_initial_weights(model, spec, cfg, info, open_initial(cfg, spec))
-    log.info("LoRA: the frozen base from %s, the adapters from the checkpoint", loaded)
 
 
 def merged(extra: dict, state: dict) -> tuple[dict, dict]:

@@ -31,14 +31,14 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, distributed
-from ..checkpoint.initial import load_initial_weights, open_initial
+from ..checkpoint.start import load_start, open_start
 from ..config.settings import Config
 from ..data.batches import DRAW_AHEAD_STEPS, draws_ahead, resolve_num_workers
 from ..data.plain_loader import (
     PREFETCH_FACTOR,
 )
 from ..distributed import DistEnv
-from ..models import lora
+from ..models import lora, spec_of
 from ..telemetry.timing import Blocks, paired_ratio, round_quartiles
 from ..training.baselines import Baseline, bare_loop, inline_loop, plain_loop
 from ..training.build import build, input_pipeline
@@ -63,10 +63,9 @@ SIZES = {
 
 def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     """Warmup, then `bench_steps` steps of each loop in alternating blocks; the figures."""
-    run = build(cfg, env, device)
-    initial = open_initial(cfg, run.spec)  # init_from, model=hf's pretrained weights
-    if initial is not None:
-        run.memory |= load_initial_weights(run.model, run.spec, cfg, run.source.info, initial)[1]
+    start = open_start(cfg, spec_of(cfg), "")  # init_from, model=hf's pretrained weights
+    run = build(cfg, env, device, start)
+    run.memory |= load_start(start, run.model, run.spec, cfg, run.source.info)[2]
     # decoded samples: against a DataLoader loop; batches drawn or gathered: against a bare one
     decoded = run.source.decodes and run.source.draw is None
     workers = resolve_num_workers(cfg.num_workers, run.source.decodes)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import checkpoint, distributed
 from ..checkpoint import complete_checkpoints, lora, read_checkpoint, verify
-from ..checkpoint.initial import load_initial_weights, open_initial
+from ..checkpoint.start import Start, load_start, open_start
 from ..config.settings import Config, load_config
 from ..config_keys import ConfigError, split_assignment
 from ..data import batches as data
@@ -134,19 +134,21 @@ def check_same_tokens(cfg: Config, trained: dict, info) -> None:
         )
 
 
-def load_weights(cfg: Config, run, env, initial) -> dict:
-    """The newest checkpoint of the run (or hf_model's weights: `initial`) into the model;
-    what the JSON line says about where they came from."""
+def load_weights(cfg: Config, run, env, start: Start) -> dict:
+    """The newest checkpoint of the run (a LoRA run's over its base), or hf_model's weights,
+    into the model (`start`: checkpoint.start.open_start's); what the JSON line says about
+    where they came from."""
     if not cfg.run_dir:
-        load_initial_weights(run.model, run.spec, cfg, run.source.info, initial)
+        load_start(start, run.model, run.spec, cfg, run.source.info)
         return {"hf_model": cfg.hf.hf_model}
+    if not start.resume:
+        raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
     trained = recorded_data_info(Path(cfg.run_dir)) if env.is_main else None
     check_same_tokens(cfg, distributed.broadcast_object(trained), run.source.info)
     manager = checkpoint.CheckpointManager(
         RunDir(cfg.run_dir).checkpoints, run.checkpoint_parts(), keep=cfg.keep_checkpoints
     )
-    lora.load_base(run.model, run.spec, cfg, run.source.info, None)  # a LoRA run's base
-    step = manager.load_latest()
+    step, _, _ = load_start(start, run.model, run.spec, cfg, run.source.info, manager)
     if step is None:
         raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
     lora.record_base(run.state.extra, cfg)  # refused if not the checkpoint's
@@ -155,10 +157,10 @@ def load_weights(cfg: Config, run, env, initial) -> dict:
 
 def run_evaluation(cfg: Config, limit: int | None = None) -> dict:
     """The JSON record of the evaluation (rank 0's; {} on the others)."""
-    initial = None if cfg.run_dir else open_initial(cfg, spec_of(cfg))  # before any rank waits
+    start = open_start(cfg, spec_of(cfg), cfg.run_dir)  # before any rank waits
     with distributed.process_group(cfg.dist_timeout_s, cfg.cpu_threads, cfg.device) as (env, dev):
-        run = build(cfg, env, dev)
-        result = load_weights(cfg, run, env, initial)
+        run = build(cfg, env, dev, start)
+        result = load_weights(cfg, run, env, start)
         eval_set = data.eval_batches(run.source, cfg.batch_size, env.rank, env.world_size, limit)
         sums = evaluate(run, eval_set)
     unit = run.spec.task.unit

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import checkpoint, parallel
-from ..checkpoint.initial import initial_source
+from ..checkpoint.start import Start
 from ..config.settings import Config
 from ..data import batches as data
 from ..data.info import Splits
@@ -76,8 +76,9 @@ def resolve_precision(cfg: Config, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
-def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
-    """Data, model, optimizer, wrappers: a new run at step 0 (a checkpoint then loads into it)."""
+def build(cfg: Config, env: DistEnv, device: torch.device, start: Start | None = None) -> Run:
+    """Data, model, optimizer, wrappers: a new run at step 0, into which its `start` loads next
+    (checkpoint.start; None: the model keeps the weights made here)."""
     if device.type == "cuda" and cfg.tf32:
         enable_tf32()
     dtype = resolve_precision(cfg, device)
@@ -88,7 +89,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Run:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     # weights that are loaded next are not made first (parallel.parameters_on_meta); with
     # cpu_offload FSDP places the shards itself
-    loaded_next = bool(initial_source(cfg, spec)) and not cfg.cpu_offload
+    loaded_next = start is not None and start.replaced and not cfg.cpu_offload
     with parallel.parameters_on_meta(enabled=loaded_next):
         net = spec.build(cfg, source.info)
     flops = spec.training_flops_per_sample(cfg, net, source.info, data.example_batch(source, cfg))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, distributed
-from ..checkpoint.initial import WeightSource, open_initial
+from ..checkpoint.start import Start, open_start
 from ..config.settings import Config, ConfigError
 from ..data import batches as data
 from ..distributed import DistEnv
@@ -39,9 +39,8 @@ def main_rank() -> bool:
 
 
 def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
-    initial = None  # a new run's initial weights, read and refused before the run dir is touched
-    if not checkpoint.complete_steps(RunDir(cfg.run_dir).checkpoints):
-        initial = open_initial(cfg, spec_of(cfg), cfg.run_dir)
+    # what the run starts from, read (and refused) before the run directory is touched
+    start = open_start(cfg, spec_of(cfg), cfg.run_dir)
     # The signal handlers go first: a signal during start-up (which can take minutes at scale)
     # then stops the run at its first agreement step instead of killing it.
     with (
@@ -55,7 +54,7 @@ def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
     ):
         check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
         with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
-            return run_training(cfg, env, device, flag, lock, initial, origins)
+            return run_training(cfg, env, device, flag, lock, start, origins)
 
 
 def run_identity(cfg: Config) -> dict:
@@ -110,12 +109,12 @@ def run_training(
     device: torch.device,
     flag,
     lock,
-    initial: WeightSource | None,
+    start: Start,
     origins: dict[str, str] | None,
 ) -> int:
     run_dir = RunDir(cfg.run_dir)
-    run = build(cfg, env, device)
-    ckpt = open_checkpoints(run, initial, origins)
+    run = build(cfg, env, device, start)
+    ckpt = open_checkpoints(run, start, origins)
     start = run.state.step
     eval_set = data.eval_batches(
         run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches

@@ -1,6 +1,7 @@
-"""What a run starts from: the newest good checkpoint of its run directory (a resume, refused
-when the config or the data changed), or a new run's initial weights; then the run recorded in
-its checkpoints and config.toml."""
+"""A run's start, as checkpoint/start.py decided it: the ranks agree on the config and the data,
+the data is checked in full, the newest good checkpoint loads (a resume, refused when the config
+or the data changed) or the new run's initial weights do; then the run is recorded in its
+checkpoints and config.toml."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from .. import checkpoint, distributed
 from ..checkpoint import lora
-from ..checkpoint.initial import WeightSource, load_initial_weights
+from ..checkpoint.start import Start, load_start
 from ..config.resume import check_resume, check_run_dir_config
 from ..config.settings import Config, ConfigError, config_record, save_config
 from ..data.kinds import verify_files
@@ -54,20 +55,17 @@ def check_unchanged(cfg: Config, env: DistEnv) -> None:
         raise ConfigError(error)
 
 
-def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource | None) -> None:
-    """Load the newest good checkpoint into the run, refusing one from a different run; a new
-    run loads its `initial` weights (checkpoint.initial.open_initial) instead."""
+def resume(run: Run, ckpt: checkpoint.CheckpointManager, start: Start) -> None:
+    """Load the run's start (`start`, checkpoint.start.open_start's): the newest good checkpoint,
+    refused when it is from a different run, or a new run's initial weights; a LoRA run's base
+    under either."""
     check_ranks_agree("dataset", {"fingerprint": run.source.info.fingerprint})
     verify_files(run.source, run.env.rank, run.env.world_size)  # every shard, read in full
     check_unchanged(run.cfg, run.env)
-    lora.load_base(run.model, run.spec, run.cfg, run.source.info, initial)  # LoRA: each start
-    step = ckpt.load_latest()
-    if step is None and initial is not None:
-        loaded, memory = load_initial_weights(
-            run.model, run.spec, run.cfg, run.source.info, initial
-        )
+    step, loaded, memory = load_start(start, run.model, run.spec, run.cfg, run.source.info, ckpt)
+    run.memory |= memory
+    if step is None and loaded is not None:
         run.state.extra["init_from"] = loaded  # recorded in every checkpoint of the run
-        run.memory |= memory
         log.info(
             "starting a new run in %s from the weights of %s (this rank's host memory: %.2f "
             "GiB before the build, peak %.2f GiB after loading; the weights: %.2f GiB)",
@@ -78,6 +76,8 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource |
     if step is None:
         log.info("starting a new run in %s", run.cfg.run_dir)
         return
+    if loaded is not None:
+        log.info("LoRA: the frozen base from %s, the adapters from the checkpoint", loaded)
     extra = run.state.extra
     check_resume(
         extra["config"],
@@ -94,9 +94,9 @@ def resume(run: Run, ckpt: checkpoint.CheckpointManager, initial: WeightSource |
 
 
 def open_checkpoints(
-    run: Run, initial: WeightSource | None, origins: dict[str, str] | None
+    run: Run, start: Start, origins: dict[str, str] | None
 ) -> checkpoint.CheckpointManager:
-    """The run's checkpoints with the newest good one loaded (or a new run's initial weights),
+    """The run's checkpoints with its start loaded (the newest good one, or a new run's weights),
     and the run recorded in them and in config.toml (with where its values came from:
     `origins`, load_config's)."""
     cfg, env, run_dir = run.cfg, run.env, RunDir(run.cfg.run_dir)
@@ -108,7 +108,7 @@ def open_checkpoints(
         or (cfg.async_checkpoint == "auto" and run.device.type == "cuda"),
         timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
-    resume(run, ckpt, initial)
+    resume(run, ckpt, start)
     # the dataset recorded as an absolute path: evaluate and generate find it from any directory
     where = cfg.dataset if cfg.dataset == "synthetic" else os.path.abspath(cfg.dataset)
     recorded = dataclasses.replace(cfg, dataset=where)
