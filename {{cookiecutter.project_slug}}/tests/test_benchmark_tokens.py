@@ -47,7 +47,7 @@ def test_the_inline_loop_reads_the_packages_windows_from_the_shards(token_shards
     for step, micro in ((0, 0), (3, 1), (17, 0)):
         x, y = plain_loader.read_windows(dataset, cfg.seed, step, micro, 0, cfg.batch_size, 32)
         expected = source.draw(cfg.seed, step, micro, 0, cfg.batch_size)
-        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+        assert torch.equal(x, expected["inputs"]) and torch.equal(y, expected["targets"])
     # It reads the files at every batch: other tokens on disk are other batches, and a shard
     # gone is an error (its windows are not held in memory).
     for shard in copy.glob("train-*.bin"):
@@ -104,9 +104,10 @@ def test_inline_input_draws_the_windows_of_several_steps_at_once(token_shards, m
     batches = data.StepBatches(source, cfg, 0, 1, start_step=3, samples_seen=0)
     inline = list(data.micro_batches(batches, 26, workers=0, pin=False))
     assert len(inline) == 23 * 2
-    for k, (x, y) in enumerate(inline):
+    for k, batch in enumerate(inline):
         step, micro = divmod(k, 2)
         expected = source.draw(cfg.seed, 3 + step, micro, 0, cfg.batch_size)
-        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+        assert batch.keys() == expected.keys() == {"inputs", "targets"}
+        assert all(torch.equal(batch[name], expected[name]) for name in batch)
     steps = data.DRAW_AHEAD_STEPS
     assert [keys[0] for keys in calls] == [(3, 0), (3 + steps, 0), (3 + 2 * steps, 0)]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }} import models, parallel
 from {{ cookiecutter.package_name }}.data import tokens
+from {{ cookiecutter.package_name }}.data.info import token_batch
 from {{ cookiecutter.package_name }}.make_dataset import text_files
 from {{ cookiecutter.package_name }}.models import gpt, spec
 
@@ -151,6 +152,11 @@ def unigram_entropy(data: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def mean_loss(model, batch: dict) -> torch.Tensor:
+    """The language model task's loss of a batch over the targets it scores: its mean."""
+    return spec.LANGUAGE_MODEL.loss(model, batch) / spec.LANGUAGE_MODEL.count(batch)
+
+
 def prefix_loss(model: gpt.GPT, x: torch.Tensor, y: torch.Tensor) -> float:
     """Mean next-token loss with each position predicted from its prefix alone (the model never
     sees a later token, whatever its attention does): how the model is used when sampling."""
@@ -182,10 +188,10 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
         for group in opt.param_groups:  # 20 warm-up steps, then cosine down to lr / 10
             decay = 0.1 + 0.45 * (1 + np.cos(np.pi * step / steps))
             group["lr"] = lr * min(1.0, (step + 1) / 20) * decay
-        x, y = data.train_batch(
+        windows = data.train_batch(
             seed=0, step=step, micro=0, rank=0, batch_size=batch, block_size=block
         )
-        loss = spec.LANGUAGE_MODEL.loss(model, (x, y))
+        loss = mean_loss(model, windows)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -199,7 +205,7 @@ def test_tiny_gpt_learns_python_source_well_below_the_unigram_entropy(tmp_path):
     x, y = windows[:, :-1], windows[:, 1:]
     model.eval()
     with torch.no_grad():
-        teacher_forced = spec.LANGUAGE_MODEL.loss(model, (x, y)).item()
+        teacher_forced = mean_loss(model, token_batch(x, y)).item()
     honest = prefix_loss(model, x, y)
     unigram = unigram_entropy(val)
     print(

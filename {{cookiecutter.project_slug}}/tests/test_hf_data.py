@@ -156,7 +156,7 @@ def test_a_vocabulary_above_65536_gets_uint32_shards(tmp_path):
     assert (tmp_path / "ds" / "train-00000.bin").stat().st_size == 4 * index["train"]["files"][0][
         "tokens"
     ]
-    x, y = data.train_batch(0, 0, 0, 0, batch_size=4, block_size=16)
+    x = data.train_batch(0, 0, 0, 0, batch_size=4, block_size=16)["inputs"]
     assert int(x.max()) >= 69_990 and set(x.flatten().tolist()) <= {0, *range(69_990, 70_000)}
 
 

@@ -22,7 +22,7 @@ from {{ cookiecutter.package_name }}.data.directory import (
     sample_blocks,
     sample_sha256,
 )
-from {{ cookiecutter.package_name }}.data.info import IGNORED, DataInfo, Splits
+from {{ cookiecutter.package_name }}.data.info import IGNORE_INDEX, DataInfo, Splits
 from {{ cookiecutter.package_name }}.data.kinds import verify_files
 from {{ cookiecutter.package_name }}.data.tokenizer import decode_bytes, encode_bytes
 from {{ cookiecutter.package_name }}.data.tokens import DatasetError, TokenDataset, window_draws
@@ -519,7 +519,9 @@ def test_targets_are_the_inputs_shifted_by_one_and_windows_stay_in_a_shard(tmp_p
     )
     assert np.array_equal(starts // 100, (starts + 20) // 100)  # start and last token: one shard
     assert len(np.unique(starts % 100)) == 80  # every in-shard start occurs, and no other
-    x, y = data.train_batch(0, 7, 0, 0, batch_size=64, block_size=20)
+    batch = data.train_batch(0, 7, 0, 0, batch_size=64, block_size=20)
+    assert batch.keys() == {"inputs", "targets"}  # the one form of a language model's batch
+    x, y = batch["inputs"], batch["targets"]
     assert x.shape == y.shape == (64, 20) and x.dtype == y.dtype == torch.int64
     expected = torch.from_numpy(data.window_starts(0, 7, 0, 0, 64, 20))[:, None] + torch.arange(20)
     assert torch.equal(x, expected) and torch.equal(y, x + 1)
@@ -532,8 +534,10 @@ def scored_targets(split, batch_size: int, world: int, max_batches=None) -> list
     per_rank = []
     for eval_set in sets:
         targets = []
-        for index, (x, y) in enumerate(eval_set):
-            scored = y != IGNORED
+        for index, batch in enumerate(eval_set):
+            assert batch.keys() == {"inputs", "targets"}  # the training windows' form
+            x, y = batch["inputs"], batch["targets"]
+            scored = y != IGNORE_INDEX
             assert torch.equal(y[scored], (x + 1)[scored])  # the next token, scored or not
             if index < eval_set.scored:  # the rest only keep the ranks in step
                 targets += y[scored].tolist()
@@ -565,10 +569,10 @@ def test_validation_windows_score_every_token_once_on_any_number_of_ranks(tmp_pa
 def test_synthetic_tokens(tmp_path):
     data = TokenDataset.synthetic(vocab_size=1000, tokens=50000, seed=3)
     assert (data.vocab_size, data.train_tokens, data.val_tokens) == (1000, 50000, 1025)
-    x, y = data.train_batch(0, 0, 0, 0, 8, 64)
+    x = data.train_batch(0, 0, 0, 0, 8, 64)["inputs"]
     assert x.shape == (8, 64) and 0 <= int(x.min()) and int(x.max()) < 1000
     same = TokenDataset.synthetic(1000, 50000, seed=3)
-    assert torch.equal(same.train_batch(0, 0, 0, 0, 8, 64)[0], x)
+    assert torch.equal(same.train_batch(0, 0, 0, 0, 8, 64)["inputs"], x)
     assert TokenDataset.synthetic(1000, 50000, seed=4).fingerprint != data.fingerprint
 
 

@@ -175,32 +175,3 @@ def sync_gradients(model: nn.Module, enabled: bool):
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(enabled)
     return contextlib.nullcontext()
-
-
-def micro_loss(loss, accum: int, counts: list) -> torch.Tensor:
-    """What one micro-batch back-propagates: a task's mean loss divided by the number of
-    micro-batches; or, for a task whose loss is a (sum, count) pair, the sum, its count kept
-    in `counts` for `divide_by_global_count`."""
-    if isinstance(loss, tuple):
-        counts.append(loss[1])
-        return loss[0]
-    return loss / accum if accum > 1 else loss
-
-
-@torch.no_grad()
-def divide_by_global_count(model: nn.Module, loss_sum: torch.Tensor, count: torch.Tensor):
-    """Gradients of summed losses -> those of the mean over what every rank and micro-batch
-    counted, so a global batch gives the same gradients however it is split into ranks and
-    micro-batches. One all-reduce; DDP and FSDP averaged the ranks' gradients, hence the
-    world size. Returns the global mean loss."""
-    totals = torch.stack([loss_sum.float(), count.float()])
-    world = 1
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(totals)
-        world = torch.distributed.get_world_size()
-    count = totals[1].clamp(min=1)
-    scale = world / count
-    for param in model.parameters():
-        if param.grad is not None:
-            param.grad.mul_(scale)
-    return totals[0] / count

@@ -15,10 +15,11 @@ A dataset directory (written by `make-dataset --chat`: make_dataset/chat.py):
 
 A training sample is a window of the model's context length: whole conversations in their
 order, packed until the next does not fit, the rest padding. Its inputs are the tokens, its
-targets each token's successor where the mask selects it and IGNORE elsewhere (at the padding
-and at each conversation's last token: nothing of it follows), and its positions restart at 0 with
-each conversation, which is how the models see where one ends (document masking: no token
-attends to another conversation's). The windows are the epoch stream's samples (batches.py).
+targets each token's successor where the mask selects it and IGNORE_INDEX elsewhere (at the
+padding and at each conversation's last token: nothing of it follows), and its positions restart
+at 0 with each conversation, which is how the models see where one ends (document masking: no
+token attends to another conversation's): a `token_batch` with positions. The windows are the
+epoch stream's samples (batches.py).
 """
 
 from __future__ import annotations
@@ -30,21 +31,19 @@ import torch
 from torch.utils.data import Dataset
 
 from .directory import (
-    MAX_VOCAB,
-    TOKEN_DTYPES,
     DatasetError,
     ShardFile,
     index_fields,
     open_checked,
     read_index,
+    token_ids,
 )
-from .info import DataInfo, DatasetKind, Splits
+from .info import IGNORE_INDEX, DataInfo, DatasetKind, Splits, token_batch
 
 FORMAT = "chat/1"
 MASK_DTYPE = np.dtype("u1")
 LENGTH_DTYPE = np.dtype("<u4")
 VAL_EVERY = 20  # every 20th conversation is a validation one (5%)
-IGNORE = -100  # a target the loss does not read (torch's cross_entropy ignore_index)
 PARTS = ("tokens", "mask", "lengths")  # a split's files
 
 
@@ -62,10 +61,8 @@ def read_chat_index(directory: Path) -> dict:
                 entry = index[split]["files"][part]
                 str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
                 str(entry["sample_sha256"])
-        TOKEN_DTYPES[index["dtype"]], str(index["fingerprint"])
-        vocab_size = int(index["vocab_size"])
-    if not 1 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(f"{directory}: vocab_size {vocab_size} is not in 1 to {MAX_VOCAB}")
+        str(index["fingerprint"])
+    token_ids(directory, index)
     return index
 
 
@@ -88,9 +85,9 @@ def window_arrays(tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray, win
     starts = ends - lengths
     inputs = np.zeros(window, np.int64)
     inputs[:used] = tokens
-    targets = np.full(window, IGNORE, np.int64)
-    targets[: used - 1] = np.where(mask[1:] == 1, tokens[1:], IGNORE)
-    targets[ends - 1] = IGNORE  # a conversation's last token: the next one is another's
+    targets = np.full(window, IGNORE_INDEX, np.int64)
+    targets[: used - 1] = np.where(mask[1:] == 1, tokens[1:], IGNORE_INDEX)
+    targets[ends - 1] = IGNORE_INDEX  # a conversation's last token: the next one is another's
     positions = np.arange(window, dtype=np.int64)
     positions[:used] -= np.repeat(starts, lengths)
     positions[used:] -= used  # the padding: one more document, that nothing reads
@@ -98,8 +95,8 @@ def window_arrays(tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray, win
 
 
 class ChatSplit(Dataset):
-    """A split's packed windows; item k is a dict of (window,) int64 tensors: inputs, targets,
-    positions."""
+    """A split's packed windows; item k is a `token_batch` of (window,) int64 tensors: inputs,
+    targets, positions (the default collate stacks them)."""
 
     def __init__(self, tokens: ShardFile, mask: ShardFile, lengths: np.ndarray, window: int):
         self.tokens, self.mask, self.lengths, self.window = tokens, mask, lengths, window
@@ -132,8 +129,7 @@ class ChatSplit(Dataset):
         tokens = self.tokens.windows(span, end - start)[0]
         mask = self.mask.windows(span, end - start)[0]
         arrays = window_arrays(tokens, mask, self.lengths[first:stop], self.window)
-        names = ("inputs", "targets", "positions")
-        return {name: torch.from_numpy(a) for name, a in zip(names, arrays, strict=True)}
+        return token_batch(*(torch.from_numpy(array) for array in arrays))
 
 
 def open_chat(directory: Path, cfg, spec) -> Splits:
@@ -141,7 +137,7 @@ def open_chat(directory: Path, cfg, spec) -> Splits:
     directory = Path(directory)
     index = read_chat_index(directory)
     window = spec.context_length(cfg)
-    dtype = TOKEN_DTYPES[index["dtype"]]
+    dtype, _ = token_ids(directory, index)
     splits = {}
     for split in ("train", "val"):
         files = index[split]["files"]

@@ -44,8 +44,11 @@ class DatasetError(ValueError):
     """A dataset directory or input file that cannot be used; the message names the path."""
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits (vocab_size <= 65536), uint32 above."""
+def token_dtype(vocab_size: int, where: object = "token ids") -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65536), uint32 above; a vocabulary of no id or
+    of more than MAX_VOCAB is one line naming `where` (an input file, a dataset)."""
+    if type(vocab_size) is not int or not 1 <= vocab_size <= MAX_VOCAB:
+        raise DatasetError(f"{where}: vocab_size {vocab_size!r} is not in 1 to {MAX_VOCAB}")
     return TOKEN_DTYPES["uint16"] if vocab_size <= 2**16 else TOKEN_DTYPES["uint32"]
 
 
@@ -67,6 +70,21 @@ def read_index(directory: Path, format: str, written_by: str = "") -> dict:
     if found != format:
         raise DatasetError(f"{path}: unknown dataset format {found!r}; expected {format!r}")
     return index
+
+
+def token_ids(directory: Path, index: dict) -> tuple[np.dtype, int]:
+    """(dtype, vocab_size) of the token ids an index.json describes (token shards, chat),
+    checked: each problem is one DatasetError line."""
+    path = Path(directory) / INDEX_FILE
+    if index.get("dtype") not in TOKEN_DTYPES:
+        raise DatasetError(
+            f"{path}: unknown token dtype {index.get('dtype')!r}; expected one of "
+            f"{list(TOKEN_DTYPES)}"
+        )
+    with index_fields(directory):
+        vocab_size = int(index["vocab_size"])
+    token_dtype(vocab_size, path)
+    return TOKEN_DTYPES[index["dtype"]], vocab_size
 
 
 @contextmanager

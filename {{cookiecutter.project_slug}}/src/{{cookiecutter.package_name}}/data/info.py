@@ -1,6 +1,6 @@
-"""What the model is told about its data (`DataInfo`), and what a dataset kind is (`DatasetKind`,
-the `Splits` it opens): a leaf module, so the models and the kinds import it without importing
-the data pipeline."""
+"""What the model is told about its data (`DataInfo`), what a dataset kind is (`DatasetKind`,
+the `Splits` it opens), and the one form of a language model's batch (`token_batch`): a leaf
+module, so the models and the kinds import it without importing the data pipeline."""
 
 from __future__ import annotations
 
@@ -9,11 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..config_keys import ConfigError
 
-IGNORED = -100  # a target that is not scored: cross entropy's ignore_index (torch's default)
+IGNORE_INDEX = -100  # a target not scored: cross entropy's ignore_index (torch's default)
+
+
+def token_batch(
+    inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """A language model's batch, the one form every kind of token data gives (training windows,
+    validation windows, packed conversations): `inputs` and `targets` (batch, time) int64, the
+    targets IGNORE_INDEX where nothing is scored; windows that pack several documents add their
+    `positions`, restarting at 0 with each document (models.spec.next_token_logits)."""
+    batch = {"inputs": inputs, "targets": targets}
+    if positions is not None:
+        batch["positions"] = positions
+    return batch
 
 
 @dataclass(frozen=True)
@@ -83,9 +97,13 @@ class DatasetKind:
         `spec` is the run's models.spec.ModelSpec, for what a kind asks the model (the context
         length of token windows).
     synthetic(cfg, spec): Splits made in memory for `dataset=synthetic`, or None: none.
+    keys: the kind's own config keys, a dataclass whose fields are `key(...)`s, as a model's
+        (config_keys.py); the registry joins them to a run's config, where the kind reads them
+        by name (`cfg.image_size`). None: it reads general keys only.
     """
 
     name: str
     format: str
     open: Callable[[Path, Any, Any], Splits]
     synthetic: Callable[[Any, Any], Splits] | None = None
+    keys: type | None = None

@@ -32,16 +32,15 @@ import numpy as np
 import torch
 
 from .directory import (
-    MAX_VOCAB,
-    TOKEN_DTYPES,
     DatasetError,
     ShardFile,
     index_fields,
     open_checked,
     read_index,
     token_dtype,
+    token_ids,
 )
-from .info import DataInfo, DatasetKind, Splits
+from .info import DataInfo, DatasetKind, Splits, token_batch
 from .windows import ValidationWindows, window_draws
 
 FORMAT = "tokens/1"
@@ -65,11 +64,7 @@ def read_token_index(directory: Path) -> dict:
     )
     index = read_index(directory, FORMAT, written_by)
     path = Path(directory) / "index.json"
-    if index.get("dtype") not in TOKEN_DTYPES:
-        raise DatasetError(
-            f"{path}: unknown token dtype {index.get('dtype')!r}; expected one of "
-            f"{list(TOKEN_DTYPES)}"
-        )
+    token_ids(directory, index)
     with index_fields(directory):
         for split in ("train", "val"):
             for entry in index[split]["files"]:
@@ -80,12 +75,10 @@ def read_token_index(directory: Path) -> dict:
                         "earlier make-dataset); write the dataset again"
                     )
                 int(entry["sampled_blocks"]), str(entry["sample_sha256"]), str(entry["sha256"])
-        vocab_size, _ = int(index["vocab_size"]), str(index["fingerprint"])
+        str(index["fingerprint"])
     for split in ("train", "val"):
         if not index[split]["files"]:
             raise DatasetError(f"{path}: lists no {split} files; write the dataset again")
-    if not 1 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(f"{path}: vocab_size {vocab_size} is not in 1 to {MAX_VOCAB}")
     return index
 
 
@@ -119,7 +112,7 @@ class TokenDataset:
         against the index (an id outside the vocabulary would end training with an IndexError)."""
         directory = Path(directory)
         index = read_token_index(directory)
-        dtype, vocab_size = TOKEN_DTYPES[index["dtype"]], int(index["vocab_size"])
+        dtype, vocab_size = token_ids(directory, index)
         splits = {}
         for split in ("train", "val"):
             shards = []
@@ -159,11 +152,9 @@ class TokenDataset:
         cls, vocab_size: int, tokens: int, seed: int, val_tokens: int | None = None
     ) -> TokenDataset:
         """Uniform random tokens in memory (for benchmarks: there is nothing to learn)."""
-        if not 1 <= vocab_size <= MAX_VOCAB:
-            raise DatasetError(f"synthetic tokens: vocab_size must be 1 to {MAX_VOCAB}")
+        dtype = token_dtype(vocab_size, "synthetic tokens")
         val_tokens = val_tokens or max(tokens // 100, MIN_VAL_TOKENS)
         rng = np.random.default_rng(seed)
-        dtype = token_dtype(vocab_size)
         train = rng.integers(0, vocab_size, tokens, dtype=np.int64).astype(dtype)
         val = rng.integers(0, vocab_size, val_tokens, dtype=np.int64).astype(dtype)
         name = f"synthetic:vocab_size={vocab_size}:tokens={tokens}+{val_tokens}:seed={seed}"
@@ -196,18 +187,20 @@ class TokenDataset:
 
     def train_batch(
         self, seed: int, step: int, micro: int, rank: int, batch_size: int, block_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs x and targets y, CPU int64 (batch_size, block_size): y is x shifted by one."""
+    ) -> dict[str, torch.Tensor]:
+        """A `token_batch` of CPU int64 (batch_size, block_size): the targets are the inputs
+        shifted by one."""
         return self.train_batches(seed, [(step, micro)], rank, batch_size, block_size)[0]
 
     def train_batches(
         self, seed: int, keys: list[tuple[int, int]], rank: int, batch_size: int, block_size: int
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    ) -> list[dict[str, torch.Tensor]]:
         """`train_batch` of each (step, micro) of `keys`, gathered at once (data/batches.py,
         DRAW_AHEAD_STEPS: a draw's fixed cost paid once per call)."""
         starts = self.many_window_starts(seed, keys, rank, batch_size, block_size)
         x, y = split_window(gather(self.train, starts, block_size + 1, self.vocab_size))
-        return list(zip(x.split(batch_size), y.split(batch_size), strict=True))
+        pairs = zip(x.split(batch_size), y.split(batch_size), strict=True)
+        return [token_batch(inputs, targets) for inputs, targets in pairs]
 
 
 def gather(shards: list, starts: np.ndarray, window: int, vocab_size: int) -> np.ndarray:

@@ -6,9 +6,9 @@ usually inside a document. `evaluate` and the evaluations during training read i
 block_size + 1 tokens (the inputs and their next tokens): in each shard windows start every
 block_size tokens, so every token but the shard's first is a target exactly once; where the last
 of them stops short of the shard's end, one more window is aligned to the end and scores only
-the tokens the others left (the tail: its earlier targets are IGNORED, they were scored). A
-shard shorter than a window is one window padded at the end, its padding IGNORED (the model is
-causal: what follows a token does not change its prediction).
+the tokens the others left (the tail: its earlier targets are IGNORE_INDEX, they were scored).
+A shard shorter than a window is one window padded at the end, its padding IGNORE_INDEX (the
+model is causal: what follows a token does not change its prediction).
 
 Training windows start at random positions: `window_draws` (below) draws them.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .info import IGNORED
+from .info import IGNORE_INDEX, token_batch
 
 
 def shard_windows(tokens: int, block_size: int) -> list[tuple[int, int, int]]:
@@ -38,8 +38,8 @@ def shard_windows(tokens: int, block_size: int) -> list[tuple[int, int, int]]:
 
 
 class ValidationWindows:
-    """The val split's windows: item k is window k, `gather(indices)` a batch of them, as
-    (inputs, targets) int64 (batch, block_size) with the targets not scored IGNORED.
+    """The val split's windows: item k is window k, `gather(indices)` a batch of them, as a
+    `token_batch` (batch, block_size) with the targets not scored IGNORE_INDEX.
     `read(starts, length)`: rows of `length` tokens at positions of the concatenated shards."""
 
     unit = "windows"
@@ -67,11 +67,10 @@ class ValidationWindows:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.gather(np.array([index]))
-        return x[0], y[0]
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: rows[0] for name, rows in self.gather(np.array([index])).items()}
 
-    def gather(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         indices = np.asarray(indices, dtype=np.int64)
         rows = np.zeros((len(indices), self.block + 1), dtype=np.int64)
         lengths = self.lengths[indices]
@@ -83,8 +82,8 @@ class ValidationWindows:
         position = torch.arange(self.block)
         first = torch.from_numpy(self.first[indices])[:, None]
         stop = torch.from_numpy(lengths - 1)[:, None]  # targets at and after it are padding
-        y[(position < first) | (position >= stop)] = IGNORED
-        return x, y
+        y[(position < first) | (position >= stop)] = IGNORE_INDEX
+        return token_batch(x, y)
 
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment: 2**64 / golden ratio

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.info import IGNORED
+from ..data.info import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,27 +29,38 @@ if TYPE_CHECKING:
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):
     """Cross entropy in fp32 (also for bf16 logits): (B, C) logits with (B,) labels, or
-    (B, T, V) logits with (B, T) next tokens; targets IGNORED are left out."""
+    (B, T, V) logits with (B, T) next tokens; targets IGNORE_INDEX are left out."""
     return F.cross_entropy(
-        output.flatten(0, -2).float(), target.flatten(), reduction=reduction, ignore_index=IGNORED
+        output.flatten(0, -2).float(),
+        target.flatten(),
+        reduction=reduction,
+        ignore_index=IGNORE_INDEX,
     )
+
+
+def scored(target: torch.Tensor) -> torch.Tensor:
+    """How many targets the loss reads: all but those IGNORE_INDEX (padding, the tokens of a
+    validation window that another window scores, a conversation's prompt)."""
+    return (target != IGNORE_INDEX).sum()
 
 
 @dataclass(frozen=True)
 class Task:
     """How a batch becomes a loss, and what the model reports: train, evaluate, the benchmark
-    and the metrics call these and know no task by name. A batch is what the dataset kind's
-    collate returns: `(inputs, targets)` for the kinds shipped, or anything of yours (a dict of
-    tensors of varying shapes).
+    and the metrics call these and know no task by name. A batch is what the dataset kind gives:
+    a language model's `{"inputs", "targets"}` (data/info.py, `token_batch`), a classifier's
+    `(inputs, targets)`, or anything of yours (a dict of tensors of varying shapes).
 
     name: shown in the start line ("language model", "classifier").
     unit: what throughput counts, `<unit>_per_s` in the metrics ("tokens", "images", "samples").
-    loss(model, batch): the batch's mean loss, a scalar tensor (the training objective); or a
-        pair (summed loss, count of what it sums): the step then divides the gradients by the
-        count over every micro-batch and rank, so the loss is the mean over the global batch
-        however it is split (the language model on packed conversations: the answers' tokens).
+    loss(model, batch): the batch's loss summed over what it scores, a scalar tensor.
+    count(batch): what `loss` sums over (the targets it reads: tokens, samples), a scalar tensor
+        on the batch's device. The step counts every micro-batch of every rank first (one
+        all-reduce) and back-propagates each loss divided by that count: the mean over the
+        global batch, however it is split into ranks and micro-steps (training/step.py).
     scores(model, batch): sums over one validation batch, scalar tensors: "loss" (the summed
-        loss), "count" (what it is summed over) and any other sums `report` needs.
+        loss), "count" (what it is summed over) and any other sums `report` needs; None: the
+        loss and the count.
     report(sums): the evaluation record's fields, from the sums over every batch and rank.
     train_metrics(loss): extra fields of a training record, from its mean loss.
     chance_loss(info): the loss of uniform predictions, or None (a first loss far above it says
@@ -60,43 +71,28 @@ class Task:
     name: str
     unit: str
     loss: Callable[[nn.Module, Any], torch.Tensor]
-    scores: Callable[[nn.Module, Any], dict[str, torch.Tensor]]
+    count: Callable[[Any], torch.Tensor]
     report: Callable[[dict[str, float]], dict]
+    scores: Callable[[nn.Module, Any], dict[str, torch.Tensor]] | None = None
     train_metrics: Callable[[float], dict] = lambda loss: {}
     chance_loss: Callable[[DataInfo], float | None] = lambda info: None
     generates: bool = False
 
-
-def _count(target: torch.Tensor) -> torch.Tensor:
-    """The targets scored: all but those IGNORED (the tokens of a validation window that
-    another window scores, padding)."""
-    return (target != IGNORED).sum().float()
-
-
-def _next_token_scores(model: nn.Module, batch) -> dict[str, torch.Tensor]:
-    if isinstance(batch, dict):  # packed conversations: the answers' tokens only
-        loss, count = masked_next_token_loss(model, batch)
-        return {"loss": loss, "count": count, "answer_tokens": count}
-    x, y = batch
-    return {"loss": cross_entropy(model(x), y, "sum"), "count": _count(y)}
+    def score(self, model: nn.Module, batch) -> dict[str, torch.Tensor]:
+        """The sums of one validation batch (`scores`)."""
+        if self.scores is not None:
+            return self.scores(model, batch)
+        return {"loss": self.loss(model, batch), "count": self.count(batch)}
 
 
-def masked_next_token_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed cross entropy, number of targets) of packed conversations (data/chat.py): the
-    targets the mask left out are -100, which cross_entropy skips; `positions` restart at 0 with
-    each conversation, and the model keeps its attention inside each."""
-    logits = model(batch["inputs"], positions=batch["positions"])
-    targets = batch["targets"]
-    loss = F.cross_entropy(
-        logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100, reduction="sum"
-    )
-    return loss, (targets != -100).sum().float()
-
-
-def _next_token_loss(model: nn.Module, batch):
-    if isinstance(batch, dict):
-        return masked_next_token_loss(model, batch)
-    return cross_entropy(model(batch[0]), batch[1])
+def next_token_logits(model: nn.Module, batch: dict) -> torch.Tensor:
+    """A language model's (B, T, vocab) logits of a batch's inputs. Windows that pack several
+    documents give their `positions` too, restarting at 0 with each document, and the model
+    keeps its attention inside each (data/chat.py); a model that never reads packed windows
+    (`reads` without them) need not take the argument."""
+    if "positions" in batch:
+        return model(batch["inputs"], positions=batch["positions"])
+    return model(batch["inputs"])
 
 
 def _bits(loss: float) -> float:  # per token (= per byte for byte-level tokens)
@@ -105,17 +101,16 @@ def _bits(loss: float) -> float:  # per token (= per byte for byte-level tokens)
 
 def _language_model_report(sums: dict[str, float]) -> dict:
     loss = sums["loss"] / max(sums["count"], 1)
-    report = {"eval_loss": loss, "eval_bits_per_token": _bits(loss)}
-    if "answer_tokens" in sums:  # the loss on the answers of conversations
-        report.update(eval_perplexity=math.exp(loss), eval_answer_tokens=int(sums["count"]))
-    return report
+    return {"eval_loss": loss, "eval_bits_per_token": _bits(loss)}
 
 
 LANGUAGE_MODEL = Task(
     name="language model",
     unit="tokens",
-    loss=_next_token_loss,
-    scores=_next_token_scores,
+    loss=lambda model, batch: cross_entropy(
+        next_token_logits(model, batch), batch["targets"], "sum"
+    ),
+    count=lambda batch: scored(batch["targets"]),
     report=_language_model_report,
     train_metrics=lambda loss: {"loss_bits_per_token": _bits(loss)},
     chance_loss=lambda info: math.log(info.vocab_size),
@@ -125,7 +120,7 @@ LANGUAGE_MODEL = Task(
 
 def classifier_scores(output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     """Summed loss, count, top-1 and (with more than 5 classes) top-5 hits of (B, C) logits."""
-    scores = {"loss": cross_entropy(output, target, "sum"), "count": _count(target)}
+    scores = {"loss": cross_entropy(output, target, "sum"), "count": scored(target)}
     scores["correct"] = (output.argmax(-1) == target).sum().float()
     if output.shape[-1] > 5:
         top5 = output.topk(5, dim=-1).indices
@@ -144,7 +139,8 @@ def _classifier_report(sums: dict[str, float]) -> dict:
 CLASSIFIER = Task(
     name="classifier",
     unit="samples",
-    loss=lambda model, batch: cross_entropy(model(batch[0]), batch[1]),
+    loss=lambda model, batch: cross_entropy(model(batch[0]), batch[1], "sum"),
+    count=lambda batch: scored(batch[1]),
     scores=lambda model, batch: classifier_scores(model(batch[0]), batch[1]),
     report=_classifier_report,
     chance_loss=lambda info: math.log(info.num_classes),
@@ -264,8 +260,7 @@ def counted_flops(spec: ModelSpec, cfg, info: DataInfo, example) -> float:
 
     probe = spec.build(cfg, info).eval()  # batch norm refuses one sample in training mode
     with FlopCounterMode(display=False) as counter:
-        loss = spec.task.loss(probe, example)
-        (loss[0] if isinstance(loss, tuple) else loss).backward()
+        spec.task.loss(probe, example).backward()
     return float(counter.get_total_flops())
 
 

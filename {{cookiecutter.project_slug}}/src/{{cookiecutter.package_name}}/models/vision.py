@@ -188,7 +188,7 @@ IMAGE_CLASSIFIER = dataclasses.replace(
     spec.CLASSIFIER,
     name="image classifier",
     unit="images",
-    loss=lambda model, batch: spec.cross_entropy(model(channels_last(batch[0])), batch[1]),
+    loss=lambda model, batch: spec.cross_entropy(model(channels_last(batch[0])), batch[1], "sum"),
     scores=lambda model, batch: spec.classifier_scores(model(channels_last(batch[0])), batch[1]),
 )
 

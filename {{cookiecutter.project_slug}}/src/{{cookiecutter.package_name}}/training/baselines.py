@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import parallel
 from ..config.settings import Config
 from ..data.batches import map_tensors
+from ..data.info import token_batch
 from ..data.plain_loader import plain_batches, plain_training_set, read_windows, token_dataset
 from ..optim import make_optimizer
 
@@ -59,13 +60,10 @@ def optimizer_step(model: torch.nn.Module, optimizer, cfg: Config) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def mean_loss(loss, accum: int) -> torch.Tensor:
-    """What a plain loop back-propagates per micro-batch: the mean loss over the micro-batches
-    (a masked batch's (sum, count): its mean over the answer tokens, as cross_entropy with
-    ignore_index gives it)."""
-    if isinstance(loss, tuple):
-        loss = loss[0] / loss[1].clamp(min=1)
-    return loss / accum
+def mean_loss(task, model: torch.nn.Module, batch, accum: int) -> torch.Tensor:
+    """What a plain loop back-propagates per micro-batch: the batch's mean loss over what it
+    scores (cross entropy's mean with its ignore_index), over the number of micro-batches."""
+    return task.loss(model, batch) / task.count(batch).clamp(min=1) / accum
 
 
 def bare_loop(run, batch) -> Baseline:
@@ -75,7 +73,7 @@ def bare_loop(run, batch) -> Baseline:
     def step():
         for _ in range(cfg.grad_accum_steps):
             with run.autocast():
-                loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
+                loss = mean_loss(run.spec.task, model, batch, cfg.grad_accum_steps)
             loss.backward()
         optimizer_step(model, optimizer, cfg)
 
@@ -101,9 +99,10 @@ def inline_loop(run) -> Baseline:
             x, y = read_windows(
                 dataset, cfg.seed, number, micro, run.env.rank, cfg.batch_size, block
             )
+            batch = token_batch(to_device(x), to_device(y))
             with run.autocast():
-                loss = run.spec.task.loss(model, (to_device(x), to_device(y)))
-            (loss / cfg.grad_accum_steps).backward()
+                loss = mean_loss(run.spec.task, model, batch, cfg.grad_accum_steps)
+            loss.backward()
         optimizer_step(model, optimizer, cfg)
 
     source = "sliced from the same in-memory tokens"  # dataset=synthetic
@@ -135,7 +134,7 @@ def plain_loop(run, workers: int) -> Baseline:
             batch = map_tensors(lambda t: t.to(device, non_blocking=True), batch)
             with parallel.sync_gradients(model, enabled=micro == cfg.grad_accum_steps - 1):
                 with run.autocast():
-                    loss = mean_loss(run.spec.task.loss(model, batch), cfg.grad_accum_steps)
+                    loss = mean_loss(run.spec.task, model, batch, cfg.grad_accum_steps)
                 loss.backward()
         optimizer_step(model, optimizer, cfg)
 

@@ -1,10 +1,18 @@
-"""One optimizer step over a step's micro-batches, and the evaluation of held-out batches."""
+"""One optimizer step over a step's micro-batches, and the evaluation of held-out batches.
+
+The loss of a step is the mean over the targets the whole global batch scores, however it is
+split into ranks and micro-steps (torchtitan's way, for pretraining, fine-tuning on answers and
+LoRA alike): every micro-batch's scored targets are counted before the first forward, the ranks'
+counts added by one all-reduce, and each micro-batch back-propagates its summed loss times
+world / that count (DDP and FSDP average the ranks' gradients: the world size undoes that).
+"""
 
 from __future__ import annotations
 
 import functools
 
 import torch
+import torch.distributed as dist
 
 from .. import parallel
 from ..data import batches as data
@@ -13,21 +21,21 @@ from .build import Run
 
 
 def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
-    """One optimizer step over `grad_accum_steps` micro-batches. Returns the mean loss as a
-    device tensor (reading it would synchronise)."""
-    accum = run.cfg.grad_accum_steps
-    loss_total, counts = None, []  # counts: of a task whose loss is a (sum, count) pair
-    for micro in range(accum):
-        batch = next(inputs)
+    """One optimizer step over `grad_accum_steps` micro-batches. Returns what this rank
+    back-propagated, summed (a device tensor: reading it would synchronise); averaged over the
+    ranks, as the metrics do, it is the global batch's mean loss."""
+    task, accum = run.spec.task, run.cfg.grad_accum_steps
+    batches = [next(inputs) for _ in range(accum)]
+    scale = per_target_scale([task.count(batch) for batch in batches])
+    total = None
+    for micro, batch in enumerate(batches):
         # Gradients are reduced only on the last micro-batch (forward and backward of the
         # others both run without gradient sync).
         with parallel.sync_gradients(run.model, enabled=micro == accum - 1):
             with run.autocast():
-                loss = parallel.micro_loss(run.spec.task.loss(run.model, batch), accum, counts)
+                loss = task.loss(run.model, batch) * scale
             run.scaler.scale(loss).backward()
-        loss_total = loss.detach() if loss_total is None else loss_total + loss.detach()
-    if counts:
-        loss_total = parallel.divide_by_global_count(run.model, loss_total, sum(counts))
+        total = loss.detach() if total is None else total + loss.detach()
     if run.cfg.grad_clip > 0:
         run.scaler.unscale_(run.optimizer)
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
@@ -35,7 +43,18 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
-    return loss_total
+    return total
+
+
+def per_target_scale(counts: list[torch.Tensor]) -> torch.Tensor:
+    """world / the targets that every rank's micro-batches score together (`counts`: this
+    rank's, each a device tensor): one all-reduce, on the device (no host sync)."""
+    count = sum(counts[1:], counts[0])
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(count)
+        world = dist.get_world_size()
+    return world / count.clamp(min=1)
 
 
 @torch.no_grad()
@@ -43,7 +62,7 @@ def evaluate(run: Run, eval_set: data.EvalSet) -> dict[str, float]:
     """The task's sums (loss, count, ...) over every rank's held-out samples (`EvalSet.sums`):
     the task's `report` makes its figures of them."""
     run.model.eval()
-    score = functools.partial(run.spec.task.scores, run.model)
+    score = functools.partial(run.spec.task.score, run.model)
     sums = eval_set.sums(score, run.device, run.autocast)
     run.model.train()
     return sums
