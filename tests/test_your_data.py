@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import package_env, run
-from user_code import add_from_docs, torchrun
+from user_code import add_from_docs, python, torchrun
 
 ARGS = [  # as docs/your-data.md trains it, in small
     "--config",
@@ -24,6 +24,7 @@ ARGS = [  # as docs/your-data.md trains it, in small
     "device=cpu",
     "model=point_net",
     "point_net_width=32",
+    "cloud_points=48",  # the kind's own key: declared in its module alone
     "dataset=synthetic",
     "synthetic_samples=512",
     "eval_samples=64",
@@ -72,8 +73,11 @@ def test_a_dataset_kind_in_one_file_trains_with_workers(user_repo, tmp_path, par
 
 
 def test_the_repo_still_holds_its_layout_and_config(user_repo):
-    """The new kind and model are one module and one line each: no map row, no table row."""
-    repo, _ = user_repo
+    """The new kind and model are one module and one line each, their own keys included: no map
+    row, no table row, no line in configs/default.toml."""
+    repo, package = user_repo
+    listed = python(repo, package, "keys").stdout
+    assert "| `cloud_points` | `64` | [4, 65536] | yes | point-clouds only: " in listed
     own = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     checks = ["tests/test_layout.py", "tests/test_config.py"]
     run([*own, *checks], cwd=repo, env=package_env(repo), timeout=300)

@@ -191,6 +191,23 @@ def keys_of(section: type) -> tuple[Key, ...]:
     return tuple(found)
 
 
+def owned_keys(registry: dict[str, Any], what: str) -> dict[str, tuple[Key, list[str]]]:
+    """The own config keys of a registry's entries (models, dataset kinds: each entry's `keys`
+    section, or None): name -> (declaration, the entries that declare it). Two entries may share
+    a key by declaring it alike (e.g. one section subclassing the other's): `name=value` and the
+    docs table know a key by its name alone."""
+    keys: dict[str, tuple[Key, list[str]]] = {}
+    for name, entry in registry.items():
+        for own in keys_of(entry.keys) if entry.keys else ():
+            if own.name in keys and keys[own.name][0] != own:
+                raise ImportError(
+                    f"config key {own.name!r} is declared differently by {what} "
+                    f"{', '.join(keys[own.name][1])} and {name}; rename one or declare it alike"
+                )
+            keys.setdefault(own.name, (own, []))[1].append(name)
+    return keys
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..config_keys import ConfigError, read_toml
 from ..models import MODELS
 from ..run.rundir import RunDir
-from .settings import GENERAL_KEYS, OWN_KEYS, Config, edited_by_hand
+from .settings import FLAT, OWN_KEYS, Config, edited_by_hand
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -22,7 +22,7 @@ def changed_keys(saved: dict, cfg: Config, same_data: bool = False) -> list[str]
     (config_record's form) and `cfg`: the general keys, the model's own (in its table), and when
     the model changed the old model's as well. `same_data`: the dataset is the same whatever its
     path's spelling."""
-    pairs = [(k.name, saved.get(k.name), getattr(cfg, k.name)) for k in GENERAL_KEYS if k.resume]
+    pairs = [(k.name, saved.get(k.name), getattr(cfg, k.name)) for k in FLAT.values() if k.resume]
     models = [cfg.model]
     if saved.get("model") in MODELS and saved["model"] != cfg.model:
         models.append(saved["model"])

@@ -2,13 +2,15 @@
 
 Each config key is declared once, next to the code that reads it (config_keys.py shows how): a
 section per module (`OptimizerKeys` in optim.py, `DataKeys` in data/batches.py, ...; SECTIONS
-below lists them) and a section per model in its module under models/ (`GPTKeys`), which a
-Config holds under the model's name (`cfg.gpt.preset`). `Config` is assembled from those
-declarations, and so are validation, the defaults check of `configs/default.toml`
+below lists them), a section per model in its module under models/ (`GPTKeys`), which a Config
+holds under the model's name (`cfg.gpt.preset`), and a section per dataset kind with keys of its
+own (`ImageKeys`, its `KIND`'s `keys`), held flat (`cfg.image_size`). `Config` is assembled from
+those declarations, and so are validation, the defaults check of `configs/default.toml`
 (tests/test_config.py) and the table of keys in `docs/training.md` (`docs_table`). A model's key
 is also known by its name alone (`preset=tiny`, the same as `gpt.preset=tiny`): it applies to the
 run's model, and set for another model it is refused. Adding a general key: its line in a
-section and in configs/default.toml, then `python -m <package> keys` prints the new docs table.
+section and in configs/default.toml, then `python -m <package> keys` prints the new docs table;
+a model's or a kind's key is its line in its section, nothing more.
 Whether a run may continue with a config is config/resume.py's.
 """
 
@@ -23,9 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..config_keys import AUTO, ConfigError, Key, key, keys_of, not_empty, split_assignment
+from ..config_keys import (
+    AUTO,
+    ConfigError,
+    Key,
+    key,
+    keys_of,
+    not_empty,
+    owned_keys,
+    split_assignment,
+)
 from ..data.batches import DataKeys
-from ..data.images import ImageKeys
+from ..data.kinds import KINDS
 from ..distributed import DistributedKeys
 from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
 from ..optim import OptimizerKeys
@@ -75,8 +86,8 @@ class BenchmarkKeys:
 # force_resume=true).
 @dataclass
 class GeneralConfig(
-    RunKeys, ModelKeys, DataKeys, ImageKeys, OptimizerKeys, ParallelKeys, TelemetryKeys,
-    ProfilingKeys, CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
+    RunKeys, ModelKeys, DataKeys, OptimizerKeys, ParallelKeys, TelemetryKeys, ProfilingKeys,
+    CheckpointKeys, PreemptionKeys, DistributedKeys, BenchmarkKeys,
 ):  # fmt: skip
     """Every general key, typed: what an editor completes after `cfg.`."""
 
@@ -89,20 +100,30 @@ MODEL_SECTIONS: dict[str, type] = {name: s.keys for name, s in MODELS.items() if
 OWN_KEYS: dict[str, tuple[Key, ...]] = {name: keys_of(s) for name, s in MODEL_SECTIONS.items()}
 MODEL_KEYS: dict[str, Key] = {name: own for name, (own, _) in model_keys().items()}
 OWNERS: dict[str, list[str]] = {name: owners for name, (_, owners) in model_keys().items()}
+# Each dataset kind's own keys (DatasetKind.keys), held flat in a Config whatever kind the run
+# reads (a kind is known once its directory is opened), after the general data keys.
+KIND_SECTIONS: tuple[type, ...] = tuple(dict.fromkeys(k.keys for k in KINDS.values() if k.keys))
+KIND_KEYS: dict[str, Key] = {name: own for name, (own, _) in owned_keys(KINDS, "kinds").items()}
+KIND_OWNERS = {name: owners for name, (_, owners) in owned_keys(KINDS, "kinds").items()}
+FLAT: dict[str, Key] = GENERAL | KIND_KEYS  # the keys a Config holds by their names
 
 
 def _all_keys() -> dict[str, Key]:
     """Every key by the name `key=value` gives it, in the order of the docs table: the models'
-    own keys after `model`. A model and its keys must not take a general key's name, nor a
-    model's key a model's name (`name=value` would mean two things)."""
-    clashes = sorted((set(MODEL_KEYS) | set(MODELS)) & set(GENERAL) | set(MODEL_KEYS) & set(MODELS))
+    own keys after `model`, the dataset kinds' after the general data keys. A model and its keys
+    must not take a general or a kind's key's name, nor a model's key a model's name, nor a
+    kind's key a general key's (`name=value` would mean two things)."""
+    models = set(MODEL_KEYS) | set(MODELS)
+    clashes = models & set(FLAT) | set(MODEL_KEYS) & set(MODELS) | set(KIND_KEYS) & set(GENERAL)
     if clashes:
-        raise ImportError(f"{clashes[0]!r} names a model or a model's key and another key too")
+        raise ImportError(f"{sorted(clashes)[0]!r} names a model or a key and another key too")
     keys: dict[str, Key] = {}
     for general in GENERAL_KEYS:
         keys[general.name] = general
         if general.name == "model":
             keys.update(MODEL_KEYS)
+        if general.name == keys_of(DataKeys)[-1].name:
+            keys.update(KIND_KEYS)
     return keys
 
 
@@ -111,8 +132,9 @@ KEYS: dict[str, Key] = _all_keys()
 if TYPE_CHECKING:
     Config = GeneralConfig
 else:
-    # The one step the registry drives at import: a field per model with keys, named after the
-    # model and holding its section (`cfg.gpt: GPTKeys`), so that adding a model stays one
+    # The one step the registries drive at import: a field per model with keys, named after
+    # the model and holding its section (`cfg.gpt: GPTKeys`), and the dataset kinds' sections
+    # as bases (their keys flat: `cfg.image_size`), so that adding a model or a kind stays one
     # module and one line. A type checker sees the general keys here; a model's code reads its
     # own section typed, `own: GPTKeys = cfg.gpt`.
     Config = dataclasses.make_dataclass(
@@ -121,7 +143,7 @@ else:
             (name, own, dataclasses.field(default_factory=own))
             for name, own in MODEL_SECTIONS.items()
         ],
-        bases=(GeneralConfig,),
+        bases=(GeneralConfig, *KIND_SECTIONS),
     )
     Config.__module__ = __name__  # pickle and repr find it here (make_dataclass's module= 3.12+)
     Config.__doc__ = "The values of every config key: the general ones and each model's section."
@@ -159,13 +181,13 @@ def config_from(values: dict[str, Any]) -> Config:
         if name in OWNERS:
             owner = model if model in OWNERS[name] else OWNERS[name][0]
             sections.setdefault(owner, {})[name] = value
-    general = {name: value for name, value in values.items() if name in GENERAL}
-    return Config(**general, **{m: MODEL_SECTIONS[m](**own) for m, own in sections.items()})
+    flat = {name: value for name, value in values.items() if name in FLAT}
+    return Config(**flat, **{m: MODEL_SECTIONS[m](**own) for m, own in sections.items()})
 
 
 def validate(cfg) -> Config:
     """Each value against its declaration, then the relations between keys."""
-    for declared in GENERAL_KEYS:
+    for declared in FLAT.values():
         declared.validate(getattr(cfg, declared.name))
     spec = spec_of(cfg)
     for model, own_keys in OWN_KEYS.items():
@@ -296,10 +318,11 @@ def toml_value(value: Any) -> str:
 
 
 def config_record(cfg: Config) -> dict[str, Any]:
-    """What a run records of its config (config.toml, each checkpoint): the general keys in the
-    order of the docs table, then its model's own as a table named after the model (`[gpt]`).
-    Other models' keys are at their defaults (`validate`), so they are left out."""
-    values: dict[str, Any] = {name: getattr(cfg, name) for name in GENERAL}
+    """What a run records of its config (config.toml, each checkpoint): the general and the
+    dataset kinds' keys in the order of the docs table, then its model's own as a table named
+    after the model (`[gpt]`). Other models' keys are at their defaults (`validate`), so they
+    are left out."""
+    values: dict[str, Any] = {name: getattr(cfg, name) for name in KEYS if name in FLAT}
     if cfg.model in MODEL_SECTIONS:
         values[cfg.model] = dataclasses.asdict(getattr(cfg, cfg.model))
     return values
@@ -314,8 +337,8 @@ def saved_config(values: dict) -> Config:
         if isinstance(table, dict):
             known = {f.name for f in dataclasses.fields(section)}
             sections[model] = section(**{k: v for k, v in table.items() if k in known})
-    general = {name: value for name, value in values.items() if name in GENERAL}
-    return Config(**general, **sections)
+    flat = {name: value for name, value in values.items() if name in FLAT}
+    return Config(**flat, **sections)
 
 
 def to_toml(cfg: Config) -> str:
@@ -362,8 +385,9 @@ def docs_table() -> str:
     ]
     for name, declared in KEYS.items():
         meaning = declared.help
-        if name in OWNERS:
-            meaning = f"{' and '.join(OWNERS[name])} only: {meaning}"
+        if name in OWNERS or name in KIND_OWNERS:
+            owners = OWNERS.get(name) or KIND_OWNERS[name]
+            meaning = f"{' and '.join(owners)} only: {meaning}"
         accepted = declared.accepted().replace("|", "\\|")
         resume = "yes" if declared.resume else ""
         meaning = meaning.replace("|", "\\|")

@@ -48,12 +48,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 EVAL_RESIZE = 256 / 224
 
 
-# fmt: off
 @dataclass
 class ImageKeys:
-    image_size: int = key(224, "images: side in pixels of the square crops a model sees",
-                          bounds=(8, 8192), resume=True)
-# fmt: on
+    """The images kind's own config keys (`KIND.keys`): `cfg.image_size`."""
+
+    image_size: int = key(
+        224, "side in pixels of the square crops a model sees", bounds=(8, 8192), resume=True
+    )
 
 
 def pil_image():
@@ -250,4 +251,6 @@ def synthetic(cfg, spec) -> Splits:
     return image_splits(train, val, fingerprint, names, cfg)
 
 
-KIND = DatasetKind(name="images", format=FORMAT, open=open_images, synthetic=synthetic)
+KIND = DatasetKind(
+    name="images", format=FORMAT, open=open_images, synthetic=synthetic, keys=ImageKeys
+)

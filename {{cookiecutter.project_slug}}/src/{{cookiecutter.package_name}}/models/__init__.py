@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_keys import ConfigError, Key, key, keys_of, load_registry
+from ..config_keys import ConfigError, Key, key, load_registry, owned_keys
 from .spec import ModelSpec
 
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
@@ -46,16 +46,5 @@ def spec_of(cfg) -> ModelSpec:
 
 
 def model_keys() -> dict[str, tuple[Key, list[str]]]:
-    """Every model's own config keys: name -> (declaration, the models that declare it). Two
-    models may share a key by declaring it alike (e.g. one section subclassing the other's): the
-    short spelling `name=value` and the docs table know a key by its name alone."""
-    keys: dict[str, tuple[Key, list[str]]] = {}
-    for name, model_spec in MODELS.items():
-        for own in keys_of(model_spec.keys) if model_spec.keys else ():
-            if own.name in keys and keys[own.name][0] != own:
-                raise ImportError(
-                    f"config key {own.name!r} is declared differently by models "
-                    f"{', '.join(keys[own.name][1])} and {name}; rename one or declare it alike"
-                )
-            keys.setdefault(own.name, (own, []))[1].append(name)
-    return keys
+    """Every model's own config keys: name -> (declaration, the models that declare it)."""
+    return owned_keys(MODELS, "models")
