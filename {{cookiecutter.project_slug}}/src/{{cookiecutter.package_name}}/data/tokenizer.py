@@ -64,6 +64,24 @@ def tokenizer_file(path: Path) -> Path:
     return file
 
 
+def tokenizer_record(directory: Path, source: Path) -> dict:
+    """The index.json entry of the tokenizer a dataset keeps beside its ids (make-dataset writes
+    it, `run_tokenizer_files` reads it): its tokenizer.json and the COMPANION_FILES in
+    `directory`, each with its sha256 (export carries them, and refuses one changed since), and
+    where it came from."""
+    companions = {
+        name: file_sha256(directory / name)
+        for name in COMPANION_FILES
+        if (directory / name).is_file()
+    }
+    return {
+        "name": TOKENIZER_FILE,
+        "sha256": file_sha256(directory / TOKENIZER_FILE),
+        "source": str(source),
+        "companions": companions,
+    }
+
+
 def companion_files(file: Path) -> list[Path]:
     """The COMPANION_FILES beside the tokenizer.json `file` (those that exist)."""
     return [

@@ -26,16 +26,8 @@ import numpy as np
 
 from ..config_keys import first_line, integer_option
 from ..data.chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names
-from ..data.directory import (
-    MAX_VOCAB,
-    DatasetError,
-    check_out,
-    file_sha256,
-    record_samples,
-    token_dtype,
-    written,
-)
-from ..data.tokenizer import COMPANION_FILES, load_chat_tokenizer, tokenizer_file
+from ..data.directory import DatasetError, check_out, record_samples, token_dtype, written
+from ..data.tokenizer import load_chat_tokenizer, tokenizer_file, tokenizer_record
 from .hf_datasets import open_source
 from .sources import DatasetSource
 
@@ -265,9 +257,7 @@ def write_chat_dataset(
     check_out(out, "chat dataset")
     tokenizer = load_chat_tokenizer(tokenizer_path, template_file)
     vocab_size = max(tokenizer.get_vocab().values()) + 1  # ids run from 0 to the largest
-    if vocab_size > MAX_VOCAB:
-        raise DatasetError(f"{tokenizer_path}: {vocab_size} ids, more than {MAX_VOCAB}")
-    dtype = token_dtype(vocab_size)
+    dtype = token_dtype(vocab_size, tokenizer_path)
 
     def write(tmp: Path) -> dict:
         counts = {"truncated": 0, "dropped": 0}
@@ -320,24 +310,12 @@ def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterat
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:
     """The tokenizer and its chat template, saved in the dataset (tokenizer.json,
     tokenizer_config.json, chat_template.jinja: generate and export read them there) with the
-    source's generation defaults; each companion's sha256 recorded, as make-dataset --tokenizer
-    records them (export carries them, and refuses one changed since)."""
+    source's generation defaults; recorded as make-dataset --tokenizer records them."""
     tokenizer.save_pretrained(directory)
     generation = tokenizer_file(source).parent / "generation_config.json"
     if generation.is_file():
         shutil.copyfile(generation, directory / generation.name)
-    name = "tokenizer.json"
-    companions = {
-        companion: file_sha256(directory / companion)
-        for companion in COMPANION_FILES
-        if (directory / companion).is_file()
-    }
-    return {
-        "name": name,
-        "sha256": file_sha256(directory / name),
-        "source": str(source),
-        "companions": companions,
-    }
+    return tokenizer_record(directory, source)
 
 
 def fingerprint(directory: Path, index: dict) -> str:

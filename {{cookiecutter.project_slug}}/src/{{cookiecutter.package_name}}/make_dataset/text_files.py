@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config_keys import integer_option
-from ..data.directory import MAX_VOCAB, DatasetError, token_dtype
+from ..data.directory import DatasetError, token_dtype
 from ..data.tokenizer import BYTE_VOCAB, DOCUMENT_END
 from ..data.tokens import MIN_VAL_TOKENS
 from .sources import DatasetSource
@@ -88,9 +88,7 @@ def write_token_dataset(
     little-endian uint16 (vocab_size <= 65536) or uint32 (above). Every token must be in
     [0, vocab_size)."""
     path = Path(tokens_file)
-    if not isinstance(vocab_size, int) or not 1 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(f"{path}: vocab_size {vocab_size!r} is not in 1 to {MAX_VOCAB}")
-    dtype = token_dtype(vocab_size)
+    dtype = token_dtype(vocab_size, path)
     try:
         if path.suffix == ".npy":
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from ..data.directory import (
-    MAX_VOCAB,
     DatasetError,
     check_out,
     file_sha256,
@@ -28,6 +27,7 @@ from ..data.directory import (
     token_dtype,
     written,
 )
+from ..data.tokenizer import TOKENIZER_FILE, tokenizer_record
 from ..data.tokens import FORMAT, MIN_VAL_TOKENS
 
 SHARD_TOKENS = 2**28  # 512 MiB (uint16) or 1 GiB (uint32) per shard
@@ -85,10 +85,8 @@ def write_shards(
         raise DatasetError(f"{out}: val_fraction must be in (0, 1), got {val_fraction!r}")
     if shard_tokens < 1 or min_val_tokens < 1:
         raise DatasetError(f"{out}: shard_tokens and min_val_tokens must be positive")
-    if not isinstance(vocab_size, int) or not 1 <= vocab_size <= MAX_VOCAB:
-        raise DatasetError(f"{out}: vocab_size {vocab_size!r} is not in 1 to {MAX_VOCAB}")
+    dtype = token_dtype(vocab_size, out)
     check_out(out, "token dataset")
-    dtype = token_dtype(vocab_size)
 
     def write(tmp: Path) -> dict:
         train = ShardWriter(tmp, "train", shard_tokens, dtype)
@@ -127,17 +125,10 @@ def write_shards(
 def copy_tokenizer(meta: dict, directory: Path) -> dict:
     """The tokenizer.json that made the ids, and the files kept beside it (special tokens,
     templates), copied into the dataset: its index.json entry."""
-    shutil.copyfile(meta["tokenizer_file"], directory / "tokenizer.json")
-    recorded = {
-        "name": "tokenizer.json",
-        "sha256": file_sha256(directory / "tokenizer.json"),
-        "source": str(meta["tokenizer_file"]),
-        "companions": {},
-    }
+    shutil.copyfile(meta["tokenizer_file"], directory / TOKENIZER_FILE)
     for companion in meta.get("tokenizer_companions", ()):
         shutil.copyfile(companion, directory / companion.name)
-        recorded["companions"][companion.name] = file_sha256(directory / companion.name)
-    return recorded
+    return tokenizer_record(directory, meta["tokenizer_file"])
 
 
 def move_tail(train: ShardWriter, val: ShardWriter, n_val: int) -> None:
