@@ -38,6 +38,7 @@ def test_package_layout(repo, package):
             "integrity",
             "lora",
             "manager",
+            "start",
             "state",
         },
         "commands": {
@@ -60,7 +61,7 @@ def test_package_layout(repo, package):
             "tokens",
             "windows",
         },
-        "doctor": {"__init__", "checks", "nodes", "preflight", "vision"},
+        "doctor": {"__init__", "bandwidth", "checks", "nodes", "preflight", "storage", "vision"},
         "make_dataset": {
             *("__init__", "arrays", "benchmark", "chat", "hf_datasets", "images", "sources"),
             *("text_files", "tokenizer", "tokens"),

@@ -7,11 +7,15 @@ modules, and no folder holding more than a fifth of the package."""
 from __future__ import annotations
 
 import ast
+import io
+import keyword
 import re
+import tokenize
 from pathlib import Path
 
 from conftest import PACKAGE, REPO
 
+from {{ cookiecutter.package_name }}.commands import COMMANDS
 from {{ cookiecutter.package_name }}.data.kinds import KIND_MODULES
 from {{ cookiecutter.package_name }}.make_dataset.sources import SOURCE_MODULES
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
@@ -169,11 +173,13 @@ def test_the_module_map_is_the_tree():
     tree = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")}
     tree -= {f"{d}/__init__.py" for d in FOLDERS_IMPORTING_NOTHING}
     tree -= {"__init__.py"}
-    # a model, a dataset kind or an input format you add is one file and one registry line
-    # (docs/your-model.md, docs/your-data.md, docs/data.md), not a map line too
+    # a model, a dataset kind, an input format or a command you add is one file and one
+    # registry line (docs/your-model.md, docs/your-data.md, docs/data.md, docs/training.md),
+    # not a map line too
     tree -= {f"models/{name}.py" for name in MODEL_MODULES} - mapped
     tree -= {f"data/{name}.py" for name in KIND_MODULES} - mapped
     tree -= {f"make_dataset/{name}.py" for name in SOURCE_MODULES} - mapped
+    tree -= {f"commands/{c.name.replace('-', '_')}.py" for c in COMMANDS.values()} - mapped
     assert mapped == tree, (
         f"in docs/training.md's module map but not in the package: {sorted(mapped - tree)}; "
         f"in the package but not in the map: {sorted(tree - mapped)}"
@@ -206,3 +212,60 @@ def test_the_folders_import_nothing_when_imported():
     for folder in FOLDERS_IMPORTING_NOTHING:
         tree = ast.parse((SRC / folder / "__init__.py").read_text())
         assert all(isinstance(n, ast.Expr) for n in tree.body), folder  # a docstring only
+
+
+def minus_100(source: str) -> list[int]:
+    """The lines where `source` writes the number -100 (a unary minus: not `a - 100`; comments
+    and strings are not code)."""
+    found, before = [], [None, None]  # the two significant tokens before this one
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT):
+            continue
+        operand = before[0] is not None and (
+            before[0].type in (tokenize.NUMBER, tokenize.STRING)
+            or (before[0].type == tokenize.NAME and not keyword.iskeyword(before[0].string))
+            or before[0].string in (")", "]", "}")
+        )
+        if token.string == "100" and before[1] is not None and before[1].string == "-":
+            if not operand:
+                found.append(token.start[0])
+        before = [before[1], token]
+    return found
+
+
+def test_one_constant_names_the_targets_no_loss_reads():
+    """Cross entropy's ignore_index is written once: data/info.py's IGNORE_INDEX, which the
+    windows, the chat windows and the loss import."""
+    found = {
+        p.relative_to(SRC).as_posix(): lines
+        for p in SRC.rglob("*.py")
+        if (lines := minus_100(p.read_text()))
+    }
+    assert list(found) == ["data/info.py"] and len(found["data/info.py"]) == 1, found
+    probe = "IGNORE = -100  # -100\nx = '-100'\ny = a - 100\nz = f(-100)\nreturn -100\n"
+    assert minus_100(probe) == [1, 4, 5]
+
+
+def batch_form_checks(source: str) -> list[str]:
+    """`isinstance(...)` calls on a batch (or on what a task's loss returned) in `source`."""
+    return [
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "isinstance"
+        and node.args
+        and re.search(r"\b(batch|loss)\b", ast.unparse(node.args[0]))
+    ]
+
+
+def test_no_model_tells_a_batch_by_its_form():
+    """A language model's batches have one form (data/info.py's token_batch), and a task's loss
+    one type: models/ never asks which form it got."""
+    checks = {
+        p.relative_to(SRC).as_posix(): found
+        for p in (SRC / "models").rglob("*.py")
+        if (found := batch_form_checks(p.read_text()))
+    }
+    assert not checks, checks
+    before = "def loss(model, batch):\n    if isinstance(batch, dict):\n        return 0\n"
+    assert batch_form_checks(before) == ["isinstance(batch, dict)"]

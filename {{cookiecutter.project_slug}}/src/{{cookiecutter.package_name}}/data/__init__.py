@@ -1,1 +1,3 @@
-"""Data: batches as a function of the step, token shards, tokenizers, input prefetch."""
+"""Reading datasets: the kinds (one module each, kinds.py), batches as a function of the step,
+input prefetch, and the directory format every kind shares (directory.py). Writing them is
+make_dataset/'s."""
