@@ -1,11 +1,13 @@
 """A user's own dataset kind in one file and one line, and the model that reads it
 (docs/your-data.md of the generated repo: point clouds of varying size, a collate of their own,
-a random rotation as augmentation, a regression).
+a random rotation as augmentation, a regression); and a command of their own in one module and
+one table entry (docs/training.md, "Commands").
 
-Both modules and both registry lines are copied out of the docs page itself into a copy of a
+The modules and the registry lines are copied out of the docs pages themselves into a copy of a
 baked repository; no other file of the package is touched. The model then trains with DDP and
 with FSDP on two CPU ranks with two loader processes each, and learns (its evaluated mean
-absolute error falls far below the first); the repo's own layout and config tests still pass.
+absolute error falls far below the first); the command runs; the repo's own layout and config
+tests still pass.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ ARGS = [  # as docs/your-data.md trains it, in small
 
 @pytest.fixture(scope="module")
 def user_repo(bake, tmp_path_factory) -> tuple[Path, str]:
-    """A copy of the default bake with the docs' two modules and two registry lines added."""
+    """A copy of the default bake with the docs' three modules and three registry lines added."""
     repo = tmp_path_factory.mktemp("own-data") / "repo"
     package = add_from_docs(
         bake("default"), repo, "your-data.md",
         "data/point_clouds.py", "data/kinds.py", '"arrays",',
         ("models/point_net.py", "models/__init__.py", '"mlp",'),
+        ("training.md", "commands/hello.py", "commands/__init__.py", 'Command("compare",'),
     )  # fmt: skip
     return repo, package
 
@@ -72,9 +75,18 @@ def test_a_dataset_kind_in_one_file_trains_with_workers(user_repo, tmp_path, par
     assert last < 0.7 * first, f"the regression did not learn: eval_mae {first} -> {last}"
 
 
+def test_a_command_of_your_own_is_one_module_and_one_entry(user_repo, tmp_path):
+    repo, package = user_repo
+    assert "hello" in python(repo, package, "--help").stdout
+    said = python(repo, package, "hello", f"run_dir={tmp_path}").stdout
+    assert said == f"hello from {tmp_path}\n"
+    bad = python(repo, package, "hello", str(tmp_path), check=False)
+    assert bad.returncode == 2 and "expected run_dir=DIR" in bad.stderr
+
+
 def test_the_repo_still_holds_its_layout_and_config(user_repo):
-    """The new kind and model are one module and one line each, their own keys included: no map
-    row, no table row, no line in configs/default.toml."""
+    """The new kind, model and command are one module and one line each, their own keys
+    included: no map row, no table row, no line in configs/default.toml."""
     repo, package = user_repo
     listed = python(repo, package, "keys").stdout
     assert "| `cloud_points` | `64` | [4, 65536] | yes | point-clouds only: " in listed

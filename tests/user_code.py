@@ -30,15 +30,16 @@ def add_from_docs(
     """Copy the bake to `repo` and add what docs/<page> shows: the ```python block after
     `<!-- file: <module> -->` becomes the package's <module>, the one after
     `<!-- registry line: <registry> -->` goes into <registry> after the line that starts with
-    `after`; `more`: further (module, registry, after) of the same page. No other file of the
-    package changes, one line is added to each registry; returns the package name."""
+    `after`; `more`: further (module, registry, after) of the same page, or (page, module,
+    registry, after) of another. No other file of the package changes, one line is added to each
+    registry; returns the package name."""
     shutil.copytree(baked, repo, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     (package,) = [p.name for p in (repo / "src").iterdir() if (p / "__init__.py").exists()]
     src = repo / "src" / package
     before = digests(src)
-    docs = (repo / "docs" / page).read_text()
-    added = [(module, registry, after), *more]
-    for new_module, new_registry, new_after in added:
+    added = [(page, module, registry, after), *((page, *m) if len(m) == 3 else m for m in more)]
+    for new_page, new_module, new_registry, new_after in added:
+        docs = (repo / "docs" / new_page).read_text()
         (src / new_module).write_text(code_after(docs, f"<!-- file: {new_module} -->"))
         lines = (src / new_registry).read_text().splitlines(keepends=True)
         (line,) = [i for i, text in enumerate(lines) if text.strip().startswith(new_after)]
@@ -48,7 +49,7 @@ def add_from_docs(
         assert len((src / new_registry).read_text().splitlines()) == len(lines)
     now = digests(src)
     changed = {name for name in now if before.get(name) != now[name]}
-    assert changed == {name for added_file in added for name in added_file[:2]}
+    assert changed == {name for added_file in added for name in added_file[1:3]}
     return package
 
 
