@@ -33,6 +33,7 @@ PROGRAM = textwrap.dedent(
             "SLURM_PROCID")
     seen = {key: os.environ.get(key) for key in keys}
     seen["argv"] = sys.argv[1:]
+    seen["pid"], seen["own_group"] = os.getpid(), os.getpgrp() == os.getpid()
     seen["lock"] = os.path.exists(os.path.join(os.environ.get("RUN_DIR", "/nonexistent"), "LOCK"))
     got = []
     mode = os.environ.get("MODE", "default")
@@ -134,6 +135,9 @@ def test_each_task_gets_the_env_contract_and_its_arguments_unchanged(user):
     assert (seen["WORLD_SIZE"], seen["LOCAL_WORLD_SIZE"]) == ("4", "2")
     assert seen["SLURM_PROCID"] == "3"  # Slurm's own stay, for programs that read them
     assert seen["OMP_NUM_THREADS"] == "36"  # the CPUs Slurm gives the task
+    # a process group of its own: Slurm's signal to the task's group reaches the wrapper only,
+    # which passes it on (two deliveries close together would be one; far apart, two)
+    assert seen["own_group"] is True
     code, err = finish(start("--", "own.py", **SRUN_TASK, OMP_NUM_THREADS="5"))
     assert json.loads((out / "seen-3.json").read_text())["OMP_NUM_THREADS"] == "5"  # yours
 
@@ -243,3 +247,31 @@ def test_a_command_that_is_not_there_is_one_line(user, command, message):
     assert code == (2 if not command else 127)
     assert err.startswith(message) and err.count("\n") == 1, err
     assert not (out / "started").exists()
+
+
+def test_the_program_ends_with_the_wrapper(user, tmp_path):
+    """SIGKILL to the wrapper (Slurm at the end of a step, after the grace time) ends the
+    program too, though it runs in a process group of its own."""
+    start, out = user
+    proc = start("--", "own.py", SLEEP="60")
+    wait_for(out / "started")
+    pid = json.loads((out / "seen-0.json").read_text())["pid"]
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    try:
+        while b"zombie" not in _state(pid):
+            assert time.monotonic() < deadline, "the program outlived its wrapper"
+            time.sleep(0.05)
+    finally:
+        if b"zombie" not in _state(pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
+def _state(pid: int) -> bytes:
+    """Its /proc status; "zombie" when it has ended (reaped or not)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().lower()
+    except OSError:
+        return b"zombie"
