@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .atomic import atomic_write_text
 from .lock import RunDirLock, acquire, identity
-from .rundir import RunDir, RunDirError
+from .rundir import RunDir, RunDirError, os_error_text
 
 PACKAGE = __package__.split(".")[0]  # also when run as __main__
 # preemption.REQUEUE_EXIT_CODE and preemption.SIGNALS, which import torch (this module does not;
@@ -194,23 +194,24 @@ def take_lock(run_dir: RunDir, main: bool) -> RunDirLock | None:
     raise RunDirError(f"task 0 did not take {run_dir.lock} within {LOCK_WAIT_S:.0f} s")
 
 
-def run_program(argv: list[str], env: dict[str, str], lock: RunDirLock | None) -> tuple[int, list]:
-    """Start the program, pass signals on, beat the lock's heart; its status and the signals."""
-    with Forwarder() as forwarder:
-        if forwarder.received:  # a stop signal before the program started: nothing to lose
-            return -forwarder.received[0], forwarder.received
+def run_program(
+    argv: list[str], env: dict[str, str], lock: RunDirLock | None, forwarder: Forwarder
+) -> int:
+    """Start the program, pass signals on, beat the lock's heart; its exit status."""
+    if forwarder.received:  # a signal came before it started: it is as if it had ended by it
+        return -forwarder.received[0]
+    try:
+        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=_own_group_dying_with_us)
+    except OSError as err:  # not executable, a bad interpreter line
+        raise Refused(f"cannot run {argv[0]}: {err.strerror}", NOT_FOUND_EXIT_CODE) from None
+    if forwarder.received:  # one that came while it started
+        os.kill(forwarder.child.pid, forwarder.received[-1])
+    while True:
         try:
-            forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=_own_group_dying_with_us)
-        except OSError as err:  # not executable, a bad interpreter line
-            raise Refused(f"cannot run {argv[0]}: {err.strerror}", NOT_FOUND_EXIT_CODE) from None
-        if forwarder.received:  # one that came while it started
-            os.kill(forwarder.child.pid, forwarder.received[-1])
-        while True:
-            try:
-                return forwarder.child.wait(timeout=HEARTBEAT_S), forwarder.received
-            except subprocess.TimeoutExpired:
-                if lock is not None:
-                    lock.refresh()
+            return forwarder.child.wait(timeout=HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            if lock is not None:
+                lock.refresh()
 
 
 def stopped_by_warning(status: int, received: list[int]) -> bool:
@@ -229,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun, command = split_argv(list(sys.argv[1:] if argv is None else argv))
         argv_, child_env = program_argv(command, torchrun), child_environment(env, torchrun)
-        lock = take_lock(run_dir, main_task) if run_dir is not None else None
-        status, received = run_program(argv_, child_env, lock)
+        with Forwarder() as forwarder:  # from here on a signal is noted, also while waiting
+            lock = take_lock(run_dir, main_task) if run_dir is not None else None
+            status = run_program(argv_, child_env, lock, forwarder)
+        received = forwarder.received
         if not stopped_by_warning(status, received):
             return 128 - status if status < 0 else status  # as a shell says it: 128 + signal
         if main_task:
@@ -262,9 +265,12 @@ def report_stop(name: str, status: int, received: list[int], run_dir: RunDir | N
         how = f"ended by {signal.Signals(-status if status < 0 else status - 128).name}"
     came = ", ".join(dict.fromkeys(signal.Signals(s).name for s in received)) or "none"
     line = f"{name} {how} (signals received: {came}): stopped to be requeued"
-    if run_dir is not None:
-        atomic_write_text(run_dir.requeue, line + "\n")
     print(line, file=sys.stderr, flush=True)
+    if run_dir is not None:
+        try:
+            atomic_write_text(run_dir.requeue, line + "\n")
+        except OSError as err:  # a full disk, say: the job script cannot requeue, and says so
+            print(f"error: cannot write {run_dir.requeue}: {os_error_text(err)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
