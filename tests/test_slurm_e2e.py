@@ -11,8 +11,9 @@ uenv+srun runs to completion after the doctor and makes the dataset (a failing d
 job: tests/test_slurm_programs.py, whose jobs run beside one another); the Alps Extended
 container+torchrun script (--mpi=pmix) is preempted (USR2 -> checkpoint
 -> scontrol requeue -> resume -> COMPLETED); a 2-task uenv+srun job array is preempted and each
-task resumes its own run; one rank raising an error ends the job FAILED (srun and torchrun), and
-so does one SIGSTOPped rank, after dist_timeout_s.
+task resumes its own run; one rank raising an error ends the job FAILED (torchrun; srun: a failing
+command of one's own in tests/test_slurm_programs.py), and so does one SIGSTOPped rank, after
+dist_timeout_s.
 Select with `-m slurm`, deselect with `-m "not slurm"`. Runs as root; skips (with the reason)
 where Slurm cannot start, unless ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
@@ -199,13 +200,11 @@ def test_preempted_job_checkpoints_requeues_and_resumes(
         assert not (sub.run_dir / "REQUEUE").exists()
 
 
+# srun: tests/test_slurm_programs.py (a failing command of one's own: srun's --kill-on-bad-exit
+# ends the other rank, whole lines, not requeued); torchrun: the agent stops the others
 @pytest.mark.parametrize(
     ("name", "flavour"),
-    [
-        # srun: the other ranks see the closed connection; torchrun: the agent stops the others
-        pytest.param("default", "container", id="srun"),
-        pytest.param("container-extended-torchrun", "container", id="torchrun"),
-    ],
+    [pytest.param("container-extended-torchrun", "container", id="torchrun")],
 )
 def test_a_crashing_rank_fails_the_job_without_hanging(
     slurm, repo, tmp_path, dataset, name, flavour

@@ -40,6 +40,7 @@ SRUN_TWO = ("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=8", "--gpus-per
 TORCHRUN_TWO = ("--nodes=1", "--cpus-per-task=16", "--gpus-per-node=2")
 ONE_TASK = ("--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=0")
 EPOCHS = 10  # what the page's train_images.py line asks for
+FAILURE = " ".join(["rank 1 fails on purpose, with a line long enough to be cut by srun -u"] * 2)
 IMAGES_PER_CLASS = 64  # 2 steps of 32 per rank and epoch
 
 
@@ -136,7 +137,8 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     mtt_job = submit("metatrain", container, mtt, ONE_TASK, 1, epoch, delay_s=0.5)
     started |= {"cu-data": data, "mtt": mtt_job}
     failing = "sbatch jobs/train_container.sbatch -- python -c " + repr(
-        "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else sys.exit(1)"
+        "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else "
+        f"sys.exit('RuntimeError: {FAILURE}')"
     )
     not_a_dir = work / "not-a-directory"
     not_a_dir.write_text("")
@@ -146,7 +148,7 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
         "not-found": submit(
             "not-found", container, "sbatch jobs/train_container.sbatch -- no-such-tool x", SRUN_TWO
         ),
-        "failing-doctor": submit("failing-doctor", container, hello, SRUN_TWO, **bad_doctor),
+        "failing-doctor": submit("failing-doctor", container, hello, ONE_TASK, 1, **bad_doctor),
     }
     try:
         drive(slurm, started, timeout=jobs.JOB_TIMEOUT * 2)
@@ -243,9 +245,12 @@ def test_metatrain_killed_by_the_signal_restarts_with_resume_args(ran):
 
 def test_a_failing_command_is_not_requeued(ran):
     """Rank 1 exits 1: srun ends rank 0 at once (--kill-on-bad-exit: SIGTERM), the job FAILED;
-    the terminated rank 0 is not taken for one the time limit's warning stopped."""
+    the terminated rank 0 is not taken for one the time limit's warning stopped. Rank 1's last
+    line is whole, labelled once (srun --unbuffered cut such lines in two)."""
     record, text = ended(ran["failing"])
     assert record.state == "FAILED" and record.restarts == 0, text[-3000:]
+    assert f"\n1: RuntimeError: {FAILURE}\n" in text, text[-3000:]
+    assert record.fields["RunTime"] < "00:00:50", "rank 0 waited for its 60 s"
     assert "srun: error: vm: task 1: Exited with exit code 1" in text.replace(
         ran["failing"].sub.slurm.node, "vm"
     )
