@@ -159,7 +159,11 @@ def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
 # test goes to one worker: one cluster of each kind at a time (the two-node module cuts its
 # link), and the jobs' venvs made once. Their waits (requeue, timeouts, scheduler passes) then
 # overlap the CPU-bound tests on the other worker, which starts with the longest single test.
-SLURM_MODULES = ("tests/test_slurm_e2e.py::", "tests/test_slurm_two_node.py::")
+SLURM_MODULES = (
+    "tests/test_slurm_e2e.py::",
+    "tests/test_slurm_programs.py::",
+    "tests/test_slurm_two_node.py::",
+)
 LONGEST = "tests/test_training_package.py::test_generated_test_suite_passes"
 
 

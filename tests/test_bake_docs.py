@@ -8,6 +8,7 @@ import re
 
 from baked_files import generated_files, text_files
 from conftest import TEMPLATE_DIR, answers
+from slurm.jobs import PAGE_COMMANDS, page_commands, page_files
 
 
 def test_answers_doc_states_every_answer(baked):
@@ -138,3 +139,20 @@ def test_readme_speaks_of_the_chosen_flavour_only(baked):
     assert ("uenv" in readme.lower()) == (flavour != "container")
     assert ("Container Engine" in readme) == (flavour != "uenv")
     assert ("Dockerfile" in readme) == (flavour != "uenv")
+
+
+def test_every_command_of_the_your_program_page_is_run_by_a_test(baked):
+    """docs/your-program.md: each command line is one that a test runs as typed (PAGE_COMMANDS
+    says which test), and its files are the ones the Slurm tests save from it."""
+    _, path = baked
+    commands = page_commands(path)
+    for line in commands:
+        runs = [word for word in PAGE_COMMANDS if word in line]
+        assert len(runs) == 1, f"no test runs, as typed, this line of the page: {line}"
+    for word in PAGE_COMMANDS:
+        assert len([line for line in commands if word in line]) == 1, word
+    files = page_files(path)
+    assert set(files) == {"hello_ddp.py", "train_images.py", "cu_emt.py", "options.yaml"}
+    for name, text in files.items():
+        if name.endswith(".py"):
+            compile(text, name, "exec")  # the page's Python is whole

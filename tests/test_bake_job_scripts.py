@@ -80,9 +80,10 @@ def test_job_scripts_follow_answers(baked):
 
 @pytest.fixture
 def fake_job(bake, tmp_path):
-    """fake_job(**env) runs the uenv job script of uenv-torchrun (daint: runs under ${SCRATCH})
-    as Slurm would start it, with srun and scontrol replaced by recorders; returns the process
-    and the recorded calls. The real-Slurm version of these cases is in test_slurm_e2e.py."""
+    """fake_job(*args, **env) runs the uenv job script of uenv-torchrun (daint: runs under
+    ${SCRATCH}) as Slurm would start it, with srun and scontrol replaced by recorders, with
+    `args` (default max_steps=7); returns the process and the recorded calls. The real-Slurm
+    version of these cases is in test_slurm_e2e.py and test_slurm_programs.py."""
     baked = bake("uenv-torchrun")
     repo = tmp_path / "work" / baked.name  # the job name is the repository's name
     shutil.copytree(baked, repo)
@@ -97,7 +98,9 @@ def fake_job(bake, tmp_path):
         (fake_bin / name).chmod(0o755)
     calls = tmp_path / "calls"
 
-    def _run(**extra: str | None) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    def _run(
+        *args: str, **extra: str | None
+    ) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
         shutil.rmtree(calls, ignore_errors=True)
         calls.mkdir()
         env = fake_env(tmp_path, fake_bin, calls) | {
@@ -111,9 +114,8 @@ def fake_job(bake, tmp_path):
             **extra,
         }
         env = {key: value for key, value in env.items() if value is not None}  # None: unset
-        proc = run(
-            ["bash", "jobs/train_uenv.sbatch", "max_steps=7"], cwd=repo, env=env, check=False
-        )
+        script = ["bash", "jobs/train_uenv.sbatch", *(args or ["max_steps=7"])]
+        proc = run(script, cwd=repo, env=env, check=False)
         recorded = sorted(calls.iterdir(), key=lambda p: int(p.name))
         return proc, [p.read_text().split("\0")[:-1] for p in recorded]
 
@@ -254,3 +256,93 @@ def test_nsys_profiles_the_training_step_of_the_chosen_ranks(fake_job, tmp_path)
     proc, calls = fake_job(NSYS="yes")
     assert proc.returncode == 2 and calls == []
     assert proc.stderr.startswith("error: NSYS=yes: use NSYS=1 (node 0) or NSYS=all")
+
+
+# ------------------------------------------------------------------ your own command after --
+
+PROGRAM = ["mtt", "train", "my options.yaml", "$HOME", "a'b"]  # passed through as they are
+
+
+def test_your_command_runs_after_the_doctor_with_its_arguments_unchanged(fake_job, tmp_path):
+    """`-- COMMAND ARGS`: the doctor first, then every task runs the command through
+    run/program.py (under torchrun: on each node, torchrun with the same rendezvous and
+    --no-python for a CLI); no config file or dataset needed; a SWEEP line's words and, on a
+    requeued start only, RESUME_ARGS follow the command's arguments."""
+    repo = tmp_path / "work" / "alps-torch-project"
+    no_config = {"CONFIG": "missing.toml", "DATASET": None, "DOCTOR": "1"}
+    proc, calls = fake_job("--", *PROGRAM, RESUME_ARGS="--restart auto", **no_config)
+    assert proc.returncode == 0, proc.stderr
+    doctor, step = calls  # no make-dataset
+    assert "doctor" in doctor and "--quick" in doctor
+    assert step[step.index("-c") + 3 :] == PROGRAM  # srun ... bash -c CMD bash ARGS
+    assert "--restart" not in step  # the first start
+    env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "15042"}
+    argv = run_task(step, repo, tmp_path, SLURM_GPUS_ON_NODE="2", **env)
+    wrapper = ["python", "-m", "alps_torch_project.run.program", "--torchrun", "--nnodes=2"]
+    assert argv[:5] == wrapper
+    assert argv[5:] == [
+        "--nproc-per-node=2",
+        "--node-rank=1",
+        "--master-addr=n1",
+        "--master-port=15042",
+        "--",
+        *PROGRAM,
+    ]
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("--lr 1e-3\n--lr 3e-4 --seed 2\n")
+    array_task = {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1", "SWEEP": str(sweep)}
+    requeued = {"SLURM_RESTART_COUNT": "1", "RESUME_ARGS": "--restart auto"}
+    proc, calls = fake_job("--", *PROGRAM, **no_config, **array_task, **requeued)
+    assert proc.returncode == 0, proc.stderr
+    tail = [*PROGRAM, "--lr", "3e-4", "--seed", "2", "--restart", "auto"]
+    assert calls[-1][-len(tail) :] == tail
+    assert "requeued start: RESUME_ARGS appended: --restart auto" in proc.stdout
+
+
+def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, tmp_path):
+    """run/program.py leaves <run_dir>/REQUEUE when the command stopped because of the warning
+    signal (its tasks exit 0): the job requeues; a failing command is not requeued, also when
+    another task left the marker."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    proc, calls = fake_job("--", "train.py", FAKE_MARKER=str(marker))
+    assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
+    assert "your command stopped after a stop signal: requeueing job 42" in proc.stdout
+    # a task failed (srun's status 1) while another one wrote the marker: not requeued
+    proc, calls = fake_job("--", "train.py", FAKE_SRUN_STATUS="1", FAKE_MARKER=str(marker))
+    assert proc.returncode == 1 and len(calls) == 1
+    assert "error: your command failed (exit status 1; its lines above say why)." in proc.stderr
+    assert "Not requeued." in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--"], {}, "error: no command after --: sbatch jobs/train_uenv.sbatch -- COMMAND"),
+        (["max_steps=7"], {"RESUME_ARGS": "--restart auto"}, "error: RESUME_ARGS is for your own"),
+        (["--", "mtt"], {"RESUME_ARGS": "--restart 'auto'"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--restart $(id)"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--out $HOME/x"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--restart `id`"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--restart auto; id"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--restart auto\nid"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "--epochs \u0663"}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"RESUME_ARGS": "x" * 1001}, "error: RESUME_ARGS="),
+    ],
+    ids=[
+        "nothing-after",
+        "package",
+        "quotes",
+        "substitution",
+        "variable",
+        "backticks",
+        "semicolon",
+        "newline",
+        "unicode-digit",
+        "too-long",
+    ],
+)
+def test_bad_command_lines_end_the_job_in_one_line(fake_job, args, env, message):
+    """Checked on every start (not only when RESUME_ARGS is used): exit 2, nothing run."""
+    proc, calls = fake_job(*args, **env)
+    assert proc.returncode == 2 and calls == [], proc.stderr
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr

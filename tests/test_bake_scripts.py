@@ -11,7 +11,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from conftest import LUSTRE_LAYOUT, clean_env, run
+from conftest import LUSTRE_LAYOUT, answers, clean_env, run
 from fake_slurm import FAKE_SRUN, fake_env
 
 
@@ -38,12 +38,41 @@ def test_scripts_are_executable(baked):
 
 
 def test_setup_venv_layers_on_the_environment(bake, tmp_path):
-    """--here builds .venv-<flavour> on the current python: torch comes from outside the venv."""
+    """--here builds .venv-<flavour> on the current python: torch comes from outside the venv.
+    Run as docs/your-program.md adds a program's packages (metatrain, ase; `uenv run` replaced
+    by a recorder that runs the command): torch stays the environment's."""
     path = bake("uenv-torchrun")
     work = tmp_path / "repo"
     shutil.copytree(path, work)
-    proc = run(["bash", "scripts/setup_venv.sh", "uenv", "--here"], cwd=work, timeout=600)
+    page = (work / "docs" / "your-program.md").read_text()
+    (line,) = [line for line in page.splitlines() if line.startswith("scripts/setup_venv.sh")]
+    assert line == "scripts/setup_venv.sh uenv -- metatrain==2026.4.1 ase==3.29.0"
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "uenv").write_text(  # uenv run IMAGE --view=default -- COMMAND...
+        '#!/bin/bash\nprintf "%s\\n" "$@" > "${0}.args"\n'
+        'while [[ $1 != -- ]]; do shift; done\nshift\nexec "$@"\n'
+    )
+    (fake_bin / "uenv").chmod(0o755)
+    with_uenv = clean_env() | {"PATH": f"{fake_bin}:{clean_env()['PATH']}"}
+    proc = run(["bash", "-c", line], cwd=work, env=with_uenv, timeout=600)
+    uenv_args = (fake_bin / "uenv.args").read_text().splitlines()
+    image = answers("uenv-torchrun")["__uenv_image"]
+    assert uenv_args[:4] == ["run", image, "--view=default", "--"], uenv_args
+    assert uenv_args[-3:] == ["--", "metatrain==2026.4.1", "ase==3.29.0"]
     venv = work / ".venv-uenv"
+    imported = [str(venv / "bin/python"), "-c", "import metatrain, ase; print(metatrain.__file__)"]
+    run(imported, cwd=work)
+    failed = run(
+        ["bash", "scripts/setup_venv.sh", "uenv", "--here", "--", "./nothing-here"],
+        cwd=work,
+        check=False,
+    )
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert failed.stderr.splitlines()[-1].startswith(  # pip's own lines above it
+        "error: pip could not install the project and ./nothing-here beside the environment's "
+        "torch=="
+    )
     assert "torch" in proc.stdout and str(venv) not in proc.stdout.split("from", 1)[1]
     constraint = (venv / "torch-constraint.txt").read_text().strip()
     assert constraint.startswith("torch==")

@@ -7,11 +7,13 @@ container starts: every step runs the repo's venv on this machine's python3 (CPU
 
 Coverage (one job per behaviour; tests/test_slurm_two_node.py adds what needs two hosts:
 srun DDP preempted and resumed bit-exactly, torchrun FSDP after the doctor, a lost node):
-uenv+srun runs to completion after the doctor and makes the dataset; a failing doctor stops the
-job; the Alps Extended container+torchrun script (--mpi=pmix) is preempted (USR2 -> checkpoint
+uenv+srun runs to completion after the doctor and makes the dataset (a failing doctor stops the
+job: tests/test_slurm_programs.py, whose jobs run beside one another); the Alps Extended
+container+torchrun script (--mpi=pmix) is preempted (USR2 -> checkpoint
 -> scontrol requeue -> resume -> COMPLETED); a 2-task uenv+srun job array is preempted and each
-task resumes its own run; one rank raising an error ends the job FAILED (srun and torchrun), and
-so does one SIGSTOPped rank, after dist_timeout_s.
+task resumes its own run; one rank raising an error ends the job FAILED (torchrun; srun: a failing
+command of one's own in tests/test_slurm_programs.py), and so does one SIGSTOPped rank, after
+dist_timeout_s.
 Select with `-m slurm`, deselect with `-m "not slurm"`. Runs as root; skips (with the reason)
 where Slurm cannot start, unless ALPS_SLURM_REQUIRED=1, where it fails instead.
 """
@@ -149,26 +151,6 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
         check_environment_requests(sub, steps_per_start=3 if made else 2)
 
 
-def test_a_failing_doctor_stops_the_job(slurm, repo, tmp_path, dataset):
-    """A FAIL from the doctor (here: a data directory that is a file; DOCTOR_ARGS come last and
-    win) ends the job before training, FAILED, with the reason and the way out in the log."""
-    target = repo("both-extended-srun", "uenv")
-    not_a_dir = tmp_path / "not-a-directory"
-    not_a_dir.write_text("")
-    doctor = {"DOCTOR": "1", "DOCTOR_ARGS": f"--device cpu data_dir={not_a_dir}"}
-    shape = TWO_RANKS[target.launcher]
-    sub = submit(slurm, target, tmp_path, QUICK, dataset, doctor, shape, ranks=2)
-    with explained(sub):
-        job = sub.wait()
-        text = sub.text()
-        assert job.state == "FAILED" and job.exit_code[0] == 1
-        assert "FAIL  cpu" not in text, "only the data directory may fail"
-        assert re.search(r"FAIL +data_dir .*not-a-directory", text), text[-3000:]
-        assert "error: the doctor found a problem" in text and "DOCTOR=0" in text
-        assert "starting a new run" not in text and "training finished" not in text
-        assert "old spelling" not in text
-
-
 # One preemption round trip each way is enough (they are the slow tests): the container
 # flavour with torchrun here, the uenv flavour with srun in the job-array test below.
 @pytest.mark.parametrize(
@@ -218,13 +200,11 @@ def test_preempted_job_checkpoints_requeues_and_resumes(
         assert not (sub.run_dir / "REQUEUE").exists()
 
 
+# srun: tests/test_slurm_programs.py (a failing command of one's own: srun's --kill-on-bad-exit
+# ends the other rank, whole lines, not requeued); torchrun: the agent stops the others
 @pytest.mark.parametrize(
     ("name", "flavour"),
-    [
-        # srun: the other ranks see the closed connection; torchrun: the agent stops the others
-        pytest.param("default", "container", id="srun"),
-        pytest.param("container-extended-torchrun", "container", id="torchrun"),
-    ],
+    [pytest.param("container-extended-torchrun", "container", id="torchrun")],
 )
 def test_a_crashing_rank_fails_the_job_without_hanging(
     slurm, repo, tmp_path, dataset, name, flavour

@@ -237,6 +237,43 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
         jobs.check_environment_requests(sub)
 
 
+def test_two_node_hello_ddp_with_both_launchers(cluster, repo, tmp_path):
+    """docs/your-program.md's hello_ddp.py as the page submits it (`--nodes=2`), at once with
+    srun (container flavour, one task per node) and torchrun (uenv flavour, one agent per node
+    starting one worker): one process group across the hosts, the rendezvous on the first node,
+    each rank's file naming its RANK, LOCAL_RANK and WORLD_SIZE. (Not the Alps Extended
+    configurations: their srun --mpi=pmix steps collide in the /tmp both nodes share here.)"""
+    subs = {}
+    for name, flavour, shape in (
+        ("default", "container", ("--ntasks-per-node=1", "--gpus-per-node=0")),
+        ("uenv-torchrun", "uenv", ("--gpus-per-node=1",)),
+    ):
+        target = repo(name, flavour)
+        jobs.save_page_files(target)
+        line = jobs.page_command(target, "hello_ddp.py")
+        assert "--nodes=2" in line
+        work = tmp_path / target.launcher
+        subs[target.launcher] = jobs.submit_line(
+            cluster, target, work, line, {"OMP_NUM_THREADS": None}, ("--cpus-per-task=8", *shape), 2
+        )
+    for launcher, sub in subs.items():
+        with jobs.explained(sub):
+            job = sub.wait(timeout=jobs.JOB_TIMEOUT)
+            text = sub.text()
+            assert job.state == "COMPLETED" and job.exit_code == (0, 0), text[-3000:]
+            port = str(master_port(sub.job_id))
+            for rank, node in enumerate(cluster.nodes):
+                path = sub.run_dir / "hello" / f"rank-{rank}.txt"
+                seen = dict(item.split("=", 1) for item in path.read_text().split())
+                assert seen["host"] == node and seen["sum"] == "1", (launcher, seen)
+                assert (seen["RANK"], seen["LOCAL_RANK"]) == (str(rank), "0"), (launcher, seen)
+                assert (seen["WORLD_SIZE"], seen["LOCAL_WORLD_SIZE"]) == ("2", "1")
+                assert (seen["MASTER_ADDR"], seen["MASTER_PORT"]) == (cluster.nodes[0], port)
+                assert seen["OMP_NUM_THREADS"] == "8"  # the CPUs of one process
+            said = re.findall(r"rank \d of 2 on alps2n-\d: sum of the ranks 1$", text, re.M)
+            assert len(said) == 2, text[-3000:]
+
+
 LOSS_TIMEOUT_S = 10  # dist_timeout_s of the lost-node test; the cluster's SlurmdTimeout is 20
 
 

@@ -67,7 +67,10 @@ def test_package_layout(repo, package):
             *("text_files", "tokenizer", "tokens"),
         },
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision"},
-        "run": {"__init__", "atomic", "interrupts", "lock", "preemption", "rundir", "torchrun"},
+        "run": {
+            *("__init__", "atomic", "interrupts", "lock", "preemption", "program", "rundir"),
+            "torchrun",
+        },
         "telemetry": {
             *("__init__", "compare", "console", "metrics", "profiling", "timing", "tracking"),
         },

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -152,6 +154,84 @@ def submit(
     env = {key: value for key, value in env.items() if value is not None}  # None: unset it
     options = [*(SBATCH_OVERRIDES.get(repo.name, []) if single_node else []), *sbatch_args]
     job_id = slurm.sbatch(*options, repo.script, *args, cwd=repo.path, env=env)
+    first, last = slurm.JOB_IDS
+    assert first <= job_id <= last, f"job {job_id} is outside its cluster's ids {first}-{last}"
+    return Submission(slurm, repo, job_id, work, ranks)
+
+
+# ------------------------------------------------ docs/your-program.md: its files and commands
+
+PROGRAM_PAGE = "docs/your-program.md"
+# Each command line of the page, by a word only it holds, and the test that runs it (the docs
+# test holds the page to these: every line is one of them)
+PAGE_COMMANDS = {
+    "hello_ddp.py": "tests/test_slurm_programs.py (1 node), tests/test_slurm_two_node.py",
+    "train_images.py": "tests/test_slurm_programs.py",
+    "cu_emt.py": "tests/test_slurm_programs.py",
+    "mtt train": "tests/test_slurm_programs.py",
+    "scripts/setup_venv.sh": "tests/test_bake_scripts.py",
+}
+
+
+def page_files(root: Path) -> dict[str, str]:
+    """The files the page asks to save (`<!-- file: NAME -->` before a code block): name -> text."""
+    text = (root / PROGRAM_PAGE).read_text()
+    found = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.DOTALL)
+    return dict(found)
+
+
+def page_commands(root: Path) -> list[str]:
+    """Every line of the page's ```bash blocks (a line ending in \\ joined with the next)."""
+    text = (root / PROGRAM_PAGE).read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+
+
+def page_command(repo: Repo, word: str) -> str:
+    """The page's one command line holding `word` (a key of PAGE_COMMANDS)."""
+    assert word in PAGE_COMMANDS, word
+    (line,) = [line for line in page_commands(repo.path) if word in line]
+    return line
+
+
+def save_page_files(repo: Repo) -> None:
+    """Save the page's files in the repository root, as the page says (the repo copies are the
+    session's: a file already there is the same)."""
+    for name, text in page_files(repo.path).items():
+        (repo.path / name).write_text(text)
+
+
+def submit_line(
+    slurm: SlurmHarness,
+    repo: Repo,
+    work: Path,
+    line: str,
+    extra_env: dict[str, str | None] | None = None,
+    sbatch_args: tuple[str, ...] = (),
+    ranks: int = RANKS,
+) -> Submission:
+    """Run a command line of the page with bash in the repository root, as a user types it; its
+    `sbatch` is the cluster's, with `sbatch_args` put just before the job script so that they
+    win over the line's own options (the shape this machine can run), and the submission
+    environment of `submit` (no DATASET: the package's dataset plays no part). The page of a
+    repository with both flavours names the container's job script: `repo.script` runs."""
+    line = re.sub(r"jobs/train_\w+\.sbatch", repo.script, line)
+    dirs = {key: str(work / sub) for key, sub in SUBMISSION_ENV_DIRS.items()}
+    env = clean_env() | dirs | SUBMISSION_ENV | (extra_env or {})
+    env = {key: value for key, value in env.items() if value is not None}
+    wrapper = work / "bin" / "sbatch"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    options = " ".join(shlex.quote(option) for option in sbatch_args)
+    wrapper.write_text(
+        '#!/bin/bash\nargs=()\nplaced=0\nfor arg in "$@"; do\n'
+        f'    [[ $placed == 0 && "$arg" == jobs/*.sbatch ]] && args+=({options}) && placed=1\n'
+        '    args+=("$arg")\ndone\n'
+        f'exec {shutil.which("sbatch")} --parsable "${{args[@]}}"\n'
+    )
+    wrapper.chmod(0o755)
+    env["PATH"] = f"{wrapper.parent}:{env['PATH']}"
+    proc = slurm.run("bash", "-c", line, cwd=repo.path, env=env)
+    job_id = int(proc.stdout.strip().split(";")[0])
     first, last = slurm.JOB_IDS
     assert first <= job_id <= last, f"job {job_id} is outside its cluster's ids {first}-{last}"
     return Submission(slurm, repo, job_id, work, ranks)

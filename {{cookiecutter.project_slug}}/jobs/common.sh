@@ -6,14 +6,54 @@
 {%- set unit = "node" if torchrun else "rank" %}
 # shellcheck disable=SC2154  # FLAVOUR and srun_args come from the job script that sources this
 # The part of the training job that does not depend on the environment: run directory, dataset,
-# preflight, training and requeue. jobs/train_<flavour>.sbatch sets what differs (#SBATCH lines,
+# preflight, training (the package, or your own command after --) and requeue.
+# jobs/train_<flavour>.sbatch sets what differs (#SBATCH lines,
 # FLAVOUR, the environment's variables, srun_args), then sources this file from the repository
 # root. Slurm runs a copy of the job script from its spool directory but this file from the
 # repository, when the job starts: a queued job runs the version it starts with, like the package.
 # Not a script of its own: sbatch jobs/train_<flavour>.sbatch.
 
+# True for plain words: ASCII letters and digits, spaces, _ . / = : , + @ % - (in the C locale:
+# elsewhere a range such as a-z may match more than ASCII), at most 1000 characters.
+plain_words() {
+    local LC_ALL=C
+    [[ -z "${1:1000}" && "$1" =~ ^[A-Za-z0-9_./=:,+@%\ -]*$ ]]
+}
+
 # A requeued job appends to its log: one line per start says which start the lines below it are.
 echo "== job ${SLURM_JOB_ID} start $((${SLURM_RESTART_COUNT:-0} + 1)) on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
+# What runs: the package (sbatch jobs/train_<flavour>.sbatch [key=value ...]), or your own
+# command after -- (sbatch jobs/train_<flavour>.sbatch -- COMMAND [ARGS...], docs/your-program.md),
+# with everything below but the config and the dataset, which are the package's.
+program=()  # your command and its arguments
+own=0       # 1: your command runs, not the package
+if [[ "${1:-}" == -- ]]; then
+    shift
+    if [[ $# -eq 0 ]]; then
+        echo "error: no command after --: sbatch jobs/train_${FLAVOUR}.sbatch -- COMMAND [ARGS...]" >&2
+        exit 2
+    fi
+    program=("$@")
+    own=1
+fi
+# RESUME_ARGS: words appended to your command on a requeued start (e.g. "--restart auto" for
+# metatrain). Appended as plain words, not through a shell: quotes, $, ; and the like are refused.
+resume_args=()
+if [[ -n "${RESUME_ARGS:-}" ]]; then
+    if [[ ${own} == 0 ]]; then
+        echo "error: RESUME_ARGS is for your own command (after --); the package resumes by itself" >&2
+        exit 2
+    fi
+    if ! plain_words "${RESUME_ARGS}"; then
+        echo "error: RESUME_ARGS=${RESUME_ARGS@Q}: only letters, digits, spaces and _ . / = : , + @ % - (words, at most 1000 characters)" >&2
+        exit 2
+    fi
+    if [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
+        read -r -a resume_args <<< "${RESUME_ARGS}"
+        echo "requeued start: RESUME_ARGS appended: ${resume_args[*]}"
+    fi
+fi
 
 # The venv layered on the environment by scripts/setup_venv.sh (torch comes from the environment).
 export VENV="${PWD}/.venv-${FLAVOUR}"
@@ -74,7 +114,7 @@ else
     dataset_args=(--job-default "dataset=${DATASET}")  # below every config file's value
 fi
 CONFIG="${CONFIG:-configs/default.toml}"
-if [[ ! -f "${CONFIG}" ]]; then
+if [[ ${own} == 0 && ! -f "${CONFIG}" ]]; then
     echo "error: CONFIG=${CONFIG} does not exist (a path relative to the repository root)" >&2
     exit 2
 fi
@@ -107,19 +147,31 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # SignalException torchrun raises after forwarding into one line; the REQUEUE marker below is what
 # says the checkpoint was written.
 export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"
-# All ranks: one torchrun per node starts one worker per GPU. exec hands the signals from Slurm
-# to torchrun directly.
+# All ranks: one torchrun per node starts one worker per GPU; the rendezvous is static, as in
+# the CSCS guides: node 0's address and the job's port. exec hands the signals from Slurm to
+# torchrun directly.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
-all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.torchrun \
-    --nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
-    --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}" \
+rendezvous='--nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
+    --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}"'
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.torchrun '"${rendezvous}"' \
     -m {{ cc.package_name }} "$@"'
+# Your command: on each node {{ cc.package_name }}/run/program.py (the rank 0 LOCK, the stop signal
+# passed on and noted) runs torchrun with the same rendezvous, which runs the command.
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+program_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.program \
+    --torchrun '"${rendezvous}"' -- "$@"'
 {%- else %}
 # All ranks: each task maps SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID to rank/world size/local
 # rank in {{ cc.package_name }}/distributed.py; exec lets the preemption signal reach Python rather
 # than a wrapper shell.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
 all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }} "$@"'
+# Your command: each task runs it through {{ cc.package_name }}/run/program.py, which exports RANK,
+# LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (torch.distributed's env://), holds the rank 0
+# LOCK, and passes the stop signal on to the command and notes it (for the requeue below).
+# shellcheck disable=SC2016  # expanded by each task's bash, not here
+program_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.program -- "$@"'
 {%- endif %}
 
 # NSYS=1 profiles the training step of {% if torchrun %}node 0 (its torchrun and the workers it starts){% else %}rank 0{% endif %} with Nsight Systems, NSYS=all of every
@@ -145,7 +197,7 @@ profiler='profile=(); if [[ "${NSYS}" == all || ( "${NSYS}" == 1 && "{{ who }}" 
 # start together cannot leave a half-written one. Only the default stdlib-bytes is made here (also
 # when your config file names another: a job script cannot read TOML; it takes a minute, once): a
 # missing dataset of yours is an error, not silently replaced.
-if [[ "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]]; then
+if [[ ${own} == 0 && "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]]; then
     if [[ "$(basename "${DATASET}")" != stdlib-bytes ]]; then
         echo "error: DATASET=${DATASET} has no index.json: make it with python -m {{ cc.package_name }} make-dataset" >&2
         exit 2
@@ -170,8 +222,18 @@ fi
 started="$(mktemp)"  # the REQUEUE marker counts only if written after this (see below)
 trap 'rm -f "${started}"' EXIT
 set +e
-srun "${srun_args[@]}" bash -c "${profiler}${all_ranks}" bash \
-    --config "${CONFIG}" "run_dir=${RUN_DIR}" "${dataset_args[@]}" "$@" "${task_args[@]}"
+if [[ ${own} == 1 ]]; then
+    # Your command, from the repository root; a SWEEP line's words and, on a requeued start,
+    # RESUME_ARGS follow its arguments. RUN_DIR is yours to write to, DATA_DIR holds the data.
+    export RUN_DIR DATA_DIR
+    printf -v shown ' %q' "${program[@]}" "${task_args[@]}" "${resume_args[@]}"
+    echo "your command:${shown}"
+    srun "${srun_args[@]}" bash -c "${profiler}${program_ranks}" bash \
+        "${program[@]}" "${task_args[@]}" "${resume_args[@]}"
+else
+    srun "${srun_args[@]}" bash -c "${profiler}${all_ranks}" bash \
+        --config "${CONFIG}" "run_dir=${RUN_DIR}" "${dataset_args[@]}" "$@" "${task_args[@]}"
+fi
 status=$?
 set -e
 
@@ -179,12 +241,25 @@ set -e
 # run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
 # job id, and the next start resumes from that checkpoint. An older marker is not this job's
 # (a job refused by another one's LOCK must not requeue itself on that job's marker).
-if [[ ${status} -eq 3 || "${RUN_DIR}/REQUEUE" -nt "${started}" ]]; then
-    echo "checkpoint saved after a stop request: requeueing job ${job_ref}"
+# Your command: run/program.py leaves the marker when the command ended because of the time
+# limit's warning (killed by it, or exit status 3 after saving), and its tasks exit 0: a task
+# that failed (status not 0) is a failure, whatever another task's marker says.
+requeue=0
+if [[ ${own} == 0 && ( ${status} -eq 3 || "${RUN_DIR}/REQUEUE" -nt "${started}" ) ]]; then
+    requeue=1
+elif [[ ${own} == 1 && ${status} -eq 0 && "${RUN_DIR}/REQUEUE" -nt "${started}" ]]; then
+    requeue=1
+fi
+if [[ ${requeue} == 1 ]]; then
+    what="checkpoint saved after a stop request"
+    [[ ${own} == 0 ]] || what="your command stopped after a stop signal"
+    echo "${what}: requeueing job ${job_ref}"
     scontrol requeue "${job_ref}"
     exit 0
 fi
-if [[ ${status} -ne 0 ]]; then
+if [[ ${status} -ne 0 && ${own} == 1 ]]; then
+    echo "error: your command failed (exit status ${status}; its lines above say why). Not requeued." >&2
+elif [[ ${status} -ne 0 ]]; then
     echo "error: training failed (exit status ${status}; the first ERROR lines above say why:" \
         "a Python error, or a collective that timed out after dist_timeout_s because a rank hung)." \
         "Not requeued." >&2

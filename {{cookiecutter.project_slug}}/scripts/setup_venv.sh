@@ -10,6 +10,8 @@
 {%- endif %}
 #   scripts/setup_venv.sh FLAVOUR --here    # already inside that environment (or off Alps: current python3)
 #   scripts/setup_venv.sh FLAVOUR --squash  # also pack the venv into a squashfs image (see README)
+#   scripts/setup_venv.sh FLAVOUR -- metatrain==2026.4.1   # and what your program needs (pip
+#                                           # arguments, with the environment's torch kept)
 #
 # The venv (.venv-FLAVOUR) uses --system-site-packages so torch, CUDA and NCCL come from the
 # environment; it belongs to exactly one image: rebuild it after changing the image. It holds
@@ -18,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-    echo "usage: $0 {% if cookiecutter.env_flavour == 'both' %}container|uenv{% else %}{{ cookiecutter.env_flavour }}{% endif %} [--here] [--squash]" >&2
+    echo "usage: $0 {% if cookiecutter.env_flavour == 'both' %}container|uenv{% else %}{{ cookiecutter.env_flavour }}{% endif %} [--here] [--squash] [-- PACKAGE...]" >&2
     exit 2
 }
 
@@ -26,12 +28,19 @@ flavour="${1:-}"
 [[ $# -gt 0 ]] && shift
 here=0
 squash=0
-for arg in "$@"; do
-    case "${arg}" in
+extra=()  # after --: what your program needs, installed with the project
+while [[ $# -gt 0 ]]; do
+    case "$1" in
         --here) here=1 ;;
         --squash) squash=1 ;;
+        --)
+            shift
+            extra=("$@")
+            break
+            ;;
         *) usage ;;
     esac
+    shift
 done
 case "${flavour}" in
 {%- if cookiecutter.env_flavour != "uenv" %}
@@ -47,6 +56,7 @@ venv=".venv-${flavour}"
 if [[ ${here} -eq 0 ]]; then
     forward=("${flavour}" --here)
     [[ ${squash} -eq 1 ]] && forward+=(--squash)
+    forward+=(-- "${extra[@]}")
 {%- if cookiecutter.env_flavour != "uenv" %}
     if [[ "${flavour}" == container ]]; then
         # The EDF mounts these; the Container Engine refuses to start if a mount source is missing.
@@ -113,7 +123,12 @@ for name in ("torch", "torchvision"):
             if name == "torch":
                 raise
 PY
-"${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" --editable '.[dev]'
+# Your program's packages (after --) in the same pip call: resolved together, under the same pin.
+if ! "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" \
+    --editable '.[dev]' "${extra[@]}"; then
+    echo "error: pip could not install the project${extra[*]:+ and ${extra[*]}} beside the environment's $(paste -sd ' ' "${venv}/torch-constraint.txt") (pip's lines above say why)" >&2
+    exit 2
+fi
 "${venv}/bin/python" - <<'PY'
 import importlib.util
 import re
