@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa:
 from {{ cookiecutter.package_name }}.make_dataset.chat import write_chat_dataset  # noqa: E402
 from {{ cookiecutter.package_name }}.models import gpt, hf  # noqa: E402
 from {{ cookiecutter.package_name }}.models.spec import LANGUAGE_MODEL  # noqa: E402
+from {{ cookiecutter.package_name }}.parallel import RankZeroBuffers  # noqa: E402
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records  # noqa: E402
 from {{ cookiecutter.package_name }}.training.step import train_step  # noqa: E402
 
@@ -287,6 +288,7 @@ def fake_run(model, accum: int):
     return SimpleNamespace(
         cfg=SimpleNamespace(grad_accum_steps=accum, grad_clip=0.0),
         model=model,
+        buffers=RankZeroBuffers(model, torch.distributed.get_world_size() if distributed else 1),
         spec=SimpleNamespace(task=LANGUAGE_MODEL),
         autocast=nullcontext,
         scaler=torch.amp.GradScaler("cpu", enabled=False),

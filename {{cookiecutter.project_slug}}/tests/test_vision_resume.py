@@ -1,9 +1,10 @@
 """model=vision end to end on 2 CPU ranks (gloo): an ImageFolder drawn here, packed by
 make-dataset --images, a torchvision ResNet-18 trained with 2 loader processes per rank and random
-augmentation (crop, flip), DDP and FSDP2. kill -9, then the same command resumes: the model,
-optimizer, schedule and RNG states at the end are bit-identical to an uninterrupted run's. The
-images are learnable (a bright square whose corner is the class), so accuracy ends far above
-chance."""
+augmentation (crop, flip), DDP and FSDP2. kill -9, then the same command resumes: the model
+(BatchNorm's running statistics included), optimizer, schedule and RNG states at the end are
+bit-identical to an uninterrupted run's. The run resumes from a checkpoint that no evaluation
+just preceded and replays one before the next. The images are learnable (noise tinted with the
+class's colour), so accuracy ends far above chance."""
 
 from __future__ import annotations
 
@@ -19,19 +20,19 @@ from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
 
-CLASSES = ("north-west", "north-east", "south-west", "south-east")
+CLASSES = {"red": (1, 0, 0), "green": (0, 1, 0), "blue": (0, 0, 1), "yellow": (1, 1, 0)}
 FINAL = 24
 
 
 def draw_image_folder(root, per_class: int = 16, size: int = 20):
-    """Noise with a bright 8-pixel square in the class's corner, as JPEGs and PNGs."""
+    """Noise tinted with the class's colour (which survives any crop and flip; a square in
+    the class's corner did not: a flip moves it, a small crop loses it), as JPEGs and PNGs."""
     rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
+    for name, colour in CLASSES.items():
         (root / name).mkdir(parents=True)
         for i in range(per_class):
             pixels = rng.integers(0, 96, (size, size, 3), dtype=np.uint8)
-            top, left = (label // 2) * (size - 8), (label % 2) * (size - 8)
-            pixels[top : top + 8, left : left + 8] = 255
+            pixels += np.array(colour, dtype=np.uint8) * 144
             fmt = ("JPEG", "PNG")[i % 2]
             Image.fromarray(pixels).save(root / name / f"{i:02d}.{fmt.lower()}", format=fmt)
     return root
@@ -60,7 +61,7 @@ def vision_run(packed, run_dir, extra=()) -> list[str]:
         "log_every=1",
         "eval_every=12",
         "eval_batches=4",
-        "checkpoint_every=4",
+        "checkpoint_every=5",  # 5, 10, ...: not at an evaluation's step (12)
         "keep_checkpoints=3",
         "async_checkpoint=false",
         "preempt_check_every=1",
@@ -87,7 +88,7 @@ def test_kill_9_with_loader_processes_resumes_exactly(packed, tmp_path, parallel
 
     run_dir = tmp_path / "run"
     ranks = Ranks(vision_run(packed, run_dir, extra), tmp_path / "logs1")
-    ranks.wait_for_step(run_dir, 14)  # between checkpoints (12, 16)
+    ranks.wait_for_step(run_dir, 11)  # between checkpoints (10, 15), before an evaluation
     assert ranks.running(), "the run finished before it could be killed"
     ranks.send(signal.SIGKILL)
     ranks.wait()
@@ -97,3 +98,6 @@ def test_kill_9_with_loader_processes_resumes_exactly(packed, tmp_path, parallel
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert "RESUMING" in again.log(0)
     assert_same_training_state(reference, run_dir, FINAL)
+    # every rank's BatchNorm statistics, not only those the checkpoint took from one rank: each
+    # rank evaluates its share of the held-out images with its own
+    assert final_eval(run_dir) == result

@@ -116,8 +116,45 @@ def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, b
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
+            broadcast_buffers=False,  # RankZeroBuffers does it, at the end of each step
         )
     return model, True
+
+
+class RankZeroBuffers:
+    """Rank 0's buffers on every rank after each optimizer step (`sync()`): those a checkpoint
+    holds, such as BatchNorm's running means, variances and counts.
+
+    Each rank updates them from its own batch, so after a step they differ between ranks. DDP
+    copies rank 0's over the others only at the start of the next training forward, so a save
+    between two steps found different values on each rank; DCP writes a tensor that every rank
+    holds from one of them, spreading those writes over the ranks, and took about half of them
+    from rank 1: a resumed run went on from values rank 0 never had. FSDP2 never makes them
+    equal, and each rank evaluated with its own. Made equal here after each step, under DDP and
+    FSDP2 alike, every evaluation, save and export sees the state the run goes on from: DDP's
+    values at DDP's cost (this replaces its broadcast, `broadcast_buffers=False`). Buffers that
+    are not saved (`persistent=False`: masks, rotary tables) are equal on every rank from the
+    start and are left out."""
+
+    def __init__(self, model: nn.Module, world: int):
+        saved = model.state_dict(keep_vars=True).keys() if world > 1 else ()
+        owners = [name.rpartition(".") for name, _ in model.named_buffers() if name in saved]
+        self.slots = [(model.get_submodule(owner), attr) for owner, _, attr in owners]
+
+    def sync(self) -> None:
+        if not self.slots:  # one rank, or a model without saved buffers: nothing to do
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for module, attr in self.slots:
+            buffer = getattr(module, attr)
+            by_dtype.setdefault(buffer.dtype, []).append(buffer)
+        with torch.no_grad():
+            for buffers in by_dtype.values():  # one broadcast per dtype, as DDP's buckets
+                flat = torch.cat([b.reshape(-1) for b in buffers])
+                torch.distributed.broadcast(flat, src=0)
+                values = flat.split([b.numel() for b in buffers])
+                for buffer, value in zip(buffers, values, strict=True):
+                    buffer.copy_(value.view(buffer.shape))
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ class Run:
     env: DistEnv
     device: torch.device
     model: torch.nn.Module  # what the step calls: DDP-wrapped, FSDP-sharded or plain
+    buffers: parallel.RankZeroBuffers  # made equal on every rank after each step
     optimizer: torch.optim.Optimizer
     scheduler: Schedule  # the learning rate of each step
     scaler: torch.amp.GradScaler
@@ -109,6 +110,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device, start: Start | None =
         env=env,
         device=device,
         model=model,
+        buffers=parallel.RankZeroBuffers(model, env.world_size),
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=scaler,

@@ -43,6 +43,7 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
+    run.buffers.sync()  # BatchNorm's running statistics: rank 0's, whichever rank saves
     return total
 
 
