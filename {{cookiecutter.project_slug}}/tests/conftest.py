@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -289,6 +290,22 @@ def single_process(monkeypatch):
             monkeypatch.delenv(key)
     yield
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+@pytest.fixture
+def no_terminal(monkeypatch) -> list[str]:
+    """stdin closed, and every question put to the user (`input`) recorded and answered by an
+    end of file: a test asserts the list stays empty (transformers asks whether to run a
+    directory's code when trust_remote_code is not given)."""
+    asked = []
+
+    def ask(prompt=""):
+        asked.append(prompt)
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", ask)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    return asked
 
 
 def validation_windows(ids, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,8 @@
 """`model=hf`: the run keeps the architecture it trains (a copy of hf_model's config.json in the
 run directory, which resume, evaluate and export read, the source edited or gone), and a source
 that is not the model its config.json describes is refused in one line: tensors the model does
-not have, an output layer a tied config would drop, an encoder, a symlink loop. Tiny models
-made offline."""
+not have, an output layer a tied config would drop, an encoder, a symlink loop, custom code
+(without a question on the terminal). Tiny models made offline."""
 
 from __future__ import annotations
 
@@ -121,6 +121,23 @@ def test_a_source_that_is_not_its_model_is_one_line(tmp_path, single_process, ca
     last = refused(args(source, run, *extra), capsys)
     assert expected in last, last
     assert not run.exists()
+
+
+def test_a_model_of_custom_code_is_refused_without_asking(
+    tmp_path, single_process, capsys, no_terminal
+):
+    """A config.json whose auto_map names code of its own, for a model_type transformers does
+    not know: one line, and transformers neither asks on the terminal nor runs the code."""
+    source, run = tmp_path / "model", tmp_path / "run"
+    llama(source)
+    code = {"AutoConfig": "alps_code.Config", "AutoModelForCausalLM": "alps_code.Model"}
+    edit_config(source, model_type="alps-llama", auto_map=code)
+    (source / "alps_code.py").write_text(f"open({str(source / 'RAN')!r}, 'w').close()\n")
+    last = refused(args(source, run), capsys)
+    assert no_terminal == [], no_terminal
+    assert f"{source / 'config.json'} names custom code (auto_map)" in last, last
+    assert "trust_remote_code=False" in last
+    assert not (source / "RAN").exists() and not run.exists()
 
 
 def test_init_from_another_writers_copy_of_the_model_is_accepted(tmp_path, single_process):

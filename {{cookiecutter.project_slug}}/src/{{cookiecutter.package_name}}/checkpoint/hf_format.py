@@ -137,7 +137,11 @@ def load_with_transformers(directory: Path) -> dict[str, torch.Tensor]:
     transformers = optional_import("transformers", "hf", f"reading {directory}")
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, local_files_only=True, output_loading_info=True
+            directory,
+            dtype=torch.float32,
+            local_files_only=True,
+            output_loading_info=True,
+            trust_remote_code=False,
         )
     except Exception as err:  # missing or truncated safetensors: transformers' own words
         raise ConfigError(f"{directory}: transformers cannot load it: {first_line(err)}") from None

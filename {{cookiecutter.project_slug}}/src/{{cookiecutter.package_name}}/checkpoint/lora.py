@@ -98,7 +98,7 @@ def merged(extra: dict, state: dict) -> tuple[dict, dict]:
             f"{str(saved.get('fingerprint'))[:12]})"
         )
     base = transformers_module().AutoModelForCausalLM.from_pretrained(
-        current["hf_model"], dtype=torch.float32, local_files_only=True
+        current["hf_model"], dtype=torch.float32, local_files_only=True, trust_remote_code=False
     )
     full = {PREFIX + name: t.detach() for name, t in base.state_dict().items()}
     scale, transposed = lora.scale(cfg), lora.transposed(hf_config(cfg))

@@ -102,12 +102,15 @@ def load_tokenizer(path: Path):
 def load_chat_tokenizer(path: Path, template_file: Path | None):
     """A transformers tokenizer with a chat template: a tokenizer directory (tokenizer.json,
     tokenizer_config.json, chat_template.jinja) or a tokenizer.json; `template_file` replaces
-    or provides the template."""
+    or provides the template. Code in the directory (an `auto_map`) is never run, and
+    transformers never asks whether to run it: a tokenizer only such code loads is refused."""
     transformers = optional_import("transformers", "hf", "make-dataset --chat", DatasetError)
     path = Path(path)
     try:
         if path.is_dir():
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                path, local_files_only=True, trust_remote_code=False
+            )
         elif path.is_file():
             tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
         else:
@@ -115,6 +118,12 @@ def load_chat_tokenizer(path: Path, template_file: Path | None):
     except DatasetError:
         raise
     except Exception as err:  # transformers' and the Rust side's many error types
+        if custom := custom_code(path):
+            raise DatasetError(
+                f"{path / 'tokenizer_config.json'}: its tokenizer is custom code ({custom}), "
+                "which this package does not run (trust_remote_code=False); use a tokenizer "
+                "transformers loads by itself (tokenizer.json)"
+            ) from None
         raise DatasetError(f"{path}: not a readable tokenizer: {first_line(err)}") from None
     if template_file is not None:
         try:
@@ -127,6 +136,15 @@ def load_chat_tokenizer(path: Path, template_file: Path | None):
             "(a Jinja template, e.g. the chat_template.jinja of the model's instruct version)"
         )
     return tokenizer
+
+
+def custom_code(directory: Path) -> str:
+    """The classes a tokenizer directory's `auto_map` names ("" without one)."""
+    try:
+        settings = json.loads((directory / "tokenizer_config.json").read_text())
+        return ", ".join(str(c) for c in settings["auto_map"]["AutoTokenizer"] if c)
+    except Exception:  # no such file, not JSON, no auto_map: nothing names custom code
+        return ""
 
 
 def vocabulary_size(tokenizer) -> int:

@@ -4,11 +4,8 @@ assistant's tokens, and the conversations' lengths.
 
 A conversation is a record with `messages` (OpenAI: `role`, `content`), `conversations`
 (ShareGPT: `from`, `value`) or `prompt` and `completion` columns. It is rendered as the model
-will see it at inference (`apply_chat_template`), and the assistant's tokens are found by
-rendering the conversation up to each assistant turn: the text before the turn (with the
-generation prompt: what a chat client sends) and the text through the turn's end. The tokens of
-the whole rendering that start between the two are the answer's, its end-of-turn token included.
-A template that renders earlier turns differently once later ones follow is refused.
+will see it at inference (`apply_chat_template`), and the loss reads the tokens transformers'
+assistant mask marks (chat_template.py says how they are found).
 
 JSONL files are read here, line by line, so that a problem names its line; parquet files, folders
 and hub names through `datasets` (as `--hf`), a problem then naming the record.
@@ -28,6 +25,7 @@ from ..config_keys import first_line, integer_option
 from ..data.chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names
 from ..data.directory import DatasetError, check_out, record_samples, token_dtype, written
 from ..data.tokenizer import load_chat_tokenizer, tokenizer_file, tokenizer_record
+from .chat_template import control_tokens, encode_conversations
 from .hf_datasets import open_source
 from .sources import DatasetSource
 
@@ -123,67 +121,6 @@ def turn_of(message, role_key: str, text_key: str, roles: dict, where: str) -> d
     if role not in roles:
         raise DatasetError(f"{where}: unknown role {role!r}; accepted: {', '.join(roles)}")
     return {"role": roles[role], "content": message[text_key]}
-
-
-# --- rendering -------------------------------------------------------------------------------
-
-
-def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) -> str:
-    try:
-        return tokenizer.apply_chat_template(
-            turns, tokenize=False, add_generation_prompt=generation_prompt
-        )
-    except Exception as err:  # the template's own raise_exception, a Jinja error
-        raise DatasetError(
-            f"{where}: the chat template cannot render it: {first_line(err)}"
-        ) from None
-
-
-def answer_spans(tokenizer, turns: list[dict], text: str, where: str) -> list[tuple[int, int]]:
-    """The character spans of `text` (the whole conversation rendered) that the assistant writes:
-    from the end of the rendering up to its turn (with the generation prompt) to the end of the
-    rendering through its turn."""
-    spans = []
-    for i, turn in enumerate(turns):
-        if turn["role"] != "assistant":
-            continue
-        before = render(tokenizer, turns[:i], True, where)
-        through = render(tokenizer, turns[: i + 1], False, where)
-        if not (text.startswith(before) and text.startswith(through)) or through == before:
-            raise DatasetError(
-                f"{where}: the chat template renders earlier turns differently once later ones "
-                "follow, so the assistant's tokens cannot be found; use --chat-template FILE"
-            )
-        spans.append((len(before), len(through)))
-    return spans
-
-
-def selected_tokens(offsets: list, spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for each token whose text starts inside one of the spans, else 0."""
-    starts = np.array([start for start, _ in offsets], dtype=np.int64)
-    mask = np.zeros(len(starts), dtype=MASK_DTYPE)
-    for begin, end in spans:
-        mask[(starts >= begin) & (starts < end)] = 1
-    return mask
-
-
-def encode_conversations(tokenizer, batch: list[tuple[str, list[dict]]], train_on_prompt: bool):
-    """(ids, mask) of each conversation of the batch."""
-    texts = [render(tokenizer, turns, False, where) for where, turns in batch]
-    spans = [answer_spans(tokenizer, t, text, w) for (w, t), text in zip(batch, texts, strict=True)]
-    try:
-        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    except Exception as err:
-        raise DatasetError(
-            f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
-        ) from None
-    for ids, offsets, answer in zip(
-        encoded["input_ids"], encoded["offset_mapping"], spans, strict=True
-    ):
-        mask = selected_tokens(offsets, answer)
-        if train_on_prompt:
-            mask[:] = 1
-        yield np.asarray(ids, dtype=np.int64), mask
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -297,14 +234,14 @@ def write_chat_dataset(
 
 def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterator:
     """(ids, mask) of every conversation of the source, in its order."""
-    batch = []
+    batch, controls = [], control_tokens(tokenizer)
     for where, record in records(source, split):
         batch.append((where, messages_of(record, where)))
         if len(batch) == RENDER_BATCH:
-            yield from encode_conversations(tokenizer, batch, train_on_prompt)
+            yield from encode_conversations(tokenizer, batch, train_on_prompt, controls)
             batch = []
     if batch:
-        yield from encode_conversations(tokenizer, batch, train_on_prompt)
+        yield from encode_conversations(tokenizer, batch, train_on_prompt, controls)
 
 
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -71,8 +72,18 @@ def _read_config(directory: str):
             "config.json and *.safetensors)"
         )
     try:
-        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        # trust_remote_code=False: code in the directory (an auto_map) is never run, and
+        # transformers never stops to ask on the terminal whether to run it
+        config = transformers.AutoConfig.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=False
+        )
     except Exception as err:  # unknown model_type, broken JSON: transformers' own words
+        if custom_code(path / "config.json"):
+            raise ConfigError(
+                f"config key 'hf_model': {path / 'config.json'} names custom code (auto_map), "
+                "which this package does not run (trust_remote_code=False); use a model "
+                f"transformers {transformers.__version__} builds by itself"
+            ) from None
         raise ConfigError(
             f"config key 'hf_model': transformers {transformers.__version__} cannot read "
             f"{path / 'config.json'}: {first_line(err)}"
@@ -91,6 +102,14 @@ def _read_config(directory: str):
             "to predict them; use a decoder-only model (GPT-2, Llama, Qwen2...)"
         )
     return config
+
+
+def custom_code(config_file: Path) -> bool:
+    """Whether a config.json names code of its own (`auto_map`) for transformers to run."""
+    try:
+        return "auto_map" in json.loads(config_file.read_text())
+    except (OSError, ValueError, TypeError):  # unreadable: transformers' own words say so
+        return False
 
 
 def source_dir(cfg) -> str:
@@ -179,7 +198,10 @@ def build(cfg, info: DataInfo) -> HFCausalLM:
     config = hf_config(cfg)
     check_vocab(config, info)
     model = transformers.AutoModelForCausalLM.from_config(  # a copy: the model changes its own
-        copy.deepcopy(config), attn_implementation="sdpa", dtype=torch.float32
+        copy.deepcopy(config),
+        attn_implementation="sdpa",
+        dtype=torch.float32,
+        trust_remote_code=False,
     )
     model.config.use_cache = False
     return HFCausalLM(lora.add_adapters(cfg, model))

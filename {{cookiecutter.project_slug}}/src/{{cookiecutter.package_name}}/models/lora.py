@@ -76,7 +76,9 @@ def _layer_names(config) -> tuple[tuple[str, ...], bool]:
     if text not in _LAYERS:
         transformers = optional_import("transformers", "hf", "model=hf")
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config))
+            model = transformers.AutoModelForCausalLM.from_config(
+                copy.deepcopy(config), trust_remote_code=False
+            )
         layers = _linear_layers(model)
         names = tuple(sorted({name.rpartition(".")[2] for name in layers}))
         _LAYERS[text] = names, any(type(m).__name__ == "Conv1D" for m in layers.values())
