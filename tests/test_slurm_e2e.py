@@ -213,7 +213,7 @@ def test_a_crashing_rank_fails_the_job_without_hanging(
     target = repo(name, flavour)
     shim = {
         "PYTHONPATH": str(SHIM_DIR),
-        "ALPS_E2E_FAIL_TARGET": f"{target.package}.train:train_step",
+        "ALPS_E2E_FAIL_TARGET": f"{target.package}.training.step:train_step",
         "ALPS_E2E_FAIL_RANK": "1",
         "ALPS_E2E_FAIL_AFTER": "5",
     }
@@ -243,7 +243,7 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(slurm, repo,
     target = repo("default", "container")
     hang = {
         "PYTHONPATH": str(SHIM_DIR),
-        "ALPS_E2E_FAIL_TARGET": f"{target.package}.train:train_step",
+        "ALPS_E2E_FAIL_TARGET": f"{target.package}.training.step:train_step",
         "ALPS_E2E_FAIL_RANK": "1",
         "ALPS_E2E_FAIL_AFTER": "5",
         "ALPS_E2E_FAIL_ACTION": "stop",

@@ -4,7 +4,7 @@ Python imports `sitecustomize` at start-up from sys.path, so putting this direct
 PYTHONPATH of a job (sbatch exports the submission environment to every step) arms it in each
 training process. It does nothing unless ALPS_E2E_FAIL_TARGET is set:
 
-    ALPS_E2E_FAIL_TARGET=<module>:<function>  function to wrap, e.g. mypkg.train:train_step
+    ALPS_E2E_FAIL_TARGET=<module>:<function>  function to wrap, e.g. mypkg.training.step:train_step
     ALPS_E2E_FAIL_RANK=<rank>                 only this rank fails (RANK, else SLURM_PROCID)
     ALPS_E2E_FAIL_AFTER=<n>                   the (n+1)-th call fails (default 5)
     ALPS_E2E_FAIL_ACTION=raise|stop           how (default raise)

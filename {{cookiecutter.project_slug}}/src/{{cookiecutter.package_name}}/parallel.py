@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,9 +117,19 @@ def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, b
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
-            broadcast_buffers=False,  # RankZeroBuffers does it, at the end of each step
+            **NO_FORWARD_BUFFER_SYNC,  # RankZeroBuffers does it, at the end of each step
         )
     return model, True
+
+
+# DDP's copy of rank 0's buffers before each forward, turned off. torch 2.13 renamed the switch
+# (broadcast_buffers warns there); the images of older torch know only broadcast_buffers. Both
+# still copy them once when DDP is built.
+NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 class RankZeroBuffers:
