@@ -17,10 +17,13 @@ The two-node versions of hello_ddp.py are in tests/test_slurm_two_node.py.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 import sys
 import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +52,7 @@ class Job:
     sub: jobs.Submission
     signal_when: str | None = None  # a line of the log after which it gets USR2 (once) ...
     delay_s: float = 0.0  # ... this long after the line was seen
+    ready: Callable[[], bool] | None = None  # ... and once this holds
     seen_at: float | None = None
     signalled: bool = False
 
@@ -68,6 +72,19 @@ def write_images(folder: Path) -> None:
             Image.fromarray(pixels).save(folder / f"class{label}" / f"{i}.png")
 
 
+def between_checkpoints(outputs: Path, epoch: int) -> bool:
+    """metatrain's checkpoint of `epoch` is whole (torch.save's zip archive ends with its
+    directory) and the next is not begun."""
+    done = list(outputs.glob(f"*/*/model_{epoch}.ckpt"))
+    if len(done) != 1 or done[0].with_name(f"model_{epoch + 1}.ckpt").exists():
+        return False
+    try:
+        with zipfile.ZipFile(done[0]) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile):  # still being written
+        return False
+
+
 def drive(slurm, started: dict[str, Job], timeout: float) -> None:
     """Send each job its USR2 when its log shows the line, until all have ended."""
     deadline = time.monotonic() + timeout
@@ -80,7 +97,8 @@ def drive(slurm, started: dict[str, Job], timeout: float) -> None:
             if due and job.seen_at is None:
                 if re.search(job.signal_when, job.sub.text(), re.MULTILINE):
                     job.seen_at = time.monotonic()
-            if due and job.seen_at is not None and time.monotonic() >= job.seen_at + job.delay_s:
+            waited = job.seen_at is not None and time.monotonic() >= job.seen_at + job.delay_s
+            if due and waited and (job.ready is None or job.ready()):
                 slurm.run("scancel", "--signal=USR2", str(job.sub.job_id))  # as --signal does
                 job.signalled = True
         if not running:
@@ -130,11 +148,13 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     env = clean_env() | {"DATA_DIR": str(made_here)}
     run([sys.executable, "cu_emt.py"], cwd=container.path, env=env)
     mtt = jobs.page_command(container, "mtt train")
-    # after the line of epoch 2 metatrain writes model_2.ckpt, in place: the signal comes
-    # half a second later, in epoch 3's training (one cut in the middle of a write would be
-    # what --restart auto takes and fails on: docs/your-program.md says so)
+    # after the line of epoch 2 metatrain writes model_2.ckpt, in place: the signal comes once
+    # that file is whole and the next is not begun, in epoch 3's training (one cut in the middle
+    # of a write would be what --restart auto takes and fails on: docs/your-program.md says so;
+    # a fixed delay after the line cut model_3.ckpt on a loaded machine, whose epochs took 1 s)
     epoch = r"^\S+ \[[^]]+\]\[INFO\] - Epoch:\s+2 "
-    mtt_job = submit("metatrain", container, mtt, ONE_TASK, 1, epoch, delay_s=0.5)
+    mtt_job = submit("metatrain", container, mtt, ONE_TASK, 1, epoch)
+    mtt_job.ready = functools.partial(between_checkpoints, mtt_job.sub.run_dir / "outputs", 2)
     started |= {"cu-data": data, "mtt": mtt_job}
     failing = "sbatch jobs/train_container.sbatch -- python -c " + repr(
         "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else "
