@@ -61,7 +61,8 @@ def test_16_bit_classes_that_differ_below_8_bits_train_above_chance(
 ):
     """Also the vision model's training run of the images kind: checkpoints and images/s."""
     index = json.loads((sixteen_bit / "index.json").read_text())
-    assert index["pixel_range"] == [BASE, BASE + STEP + SPREAD - 1]
+    assert index["pixel_range"] == [BASE, BASE + STEP + SPREAD - 1] and index["scaled"] == 40
+    assert index["converted"] == 0
     data = open_splits(sixteen_bit)
     assert data.val[0][0].dtype == torch.float32
     run_dir = tmp_path / "run"
@@ -165,7 +166,7 @@ def test_an_eps_file_never_reaches_ghostscript(tmp_path, monkeypatch, capsys):
     (tmp_path / "folder" / "c0" / "drawing.eps").write_bytes(EPS)  # skipped: not an image
     out = tmp_path / "ds"
     argv = ["make-dataset", "--images", str(tmp_path / "folder"), "--out", str(out)]
-    assert main(argv) == 0 and "1 files skipped" in capsys.readouterr().out
+    assert main(argv) == 0 and "1 file skipped" in capsys.readouterr().out
     (tmp_path / "folder" / "c1" / "drawing.png").write_bytes(EPS)  # an image by its name
     assert main([*argv[:-1], str(tmp_path / "ds2")]) == 2
     assert "c1/drawing.png: not an image that decodes (cannot identify" in one_line(capsys)
@@ -174,7 +175,7 @@ def test_an_eps_file_never_reaches_ghostscript(tmp_path, monkeypatch, capsys):
     assert not marker.exists()
 
 
-def test_an_edited_class_list_is_refused(sixteen_bit, tmp_path, capsys):
+def test_an_edited_class_list_is_refused(sixteen_bit, tmp_path):
     for path in sixteen_bit.iterdir():
         (tmp_path / path.name).write_bytes(path.read_bytes())
     index = json.loads((tmp_path / "index.json").read_text())
@@ -182,9 +183,13 @@ def test_an_edited_class_list_is_refused(sixteen_bit, tmp_path, capsys):
     (tmp_path / "index.json").write_text(json.dumps(index | {"classes": ["dim", "bright"]}))
     with pytest.raises(DatasetError, match="index.json: its class names .* edited after"):
         open_splits(tmp_path)
-    # a fingerprint made for the new names is another dataset: a resume refuses it
-    parts = images.fingerprint_parts(["dim", "bright"], index["data_sha256"])
-    assert content_fingerprint(*parts) != index["fingerprint"]
+    del index["data_sha256"]  # an index of an earlier make-dataset: its names cannot be checked
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DatasetError, match="written by an earlier make-dataset"):
+        open_splits(tmp_path)
+    # the names are in the fingerprint: new names are another dataset, which a resume refuses
+    swapped = content_fingerprint(*images.fingerprint_parts(["dim", "bright"], ["a", "b"]))
+    assert swapped != content_fingerprint(*images.fingerprint_parts(["bright", "dim"], ["a", "b"]))
 
 
 def children(pid: int) -> list[int]:

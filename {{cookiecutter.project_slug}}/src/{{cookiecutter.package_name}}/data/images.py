@@ -209,6 +209,11 @@ def read_image_index(directory: Path) -> dict:
                 str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
                 str(entry["sample_sha256"])
         str(index["fingerprint"])
+        if "data_sha256" not in index:  # written before class names were checked
+            raise DatasetError(
+                f"{Path(directory) / 'index.json'}: written by an earlier make-dataset (no "
+                "data_sha256, so its class names cannot be checked); write the dataset again"
+            )
         parts = fingerprint_parts(index["classes"], index["data_sha256"], index.get("pixel_range"))
     if len(classes) < 2:
         path = Path(directory) / "index.json"

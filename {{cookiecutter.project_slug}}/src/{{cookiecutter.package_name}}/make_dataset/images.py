@@ -33,7 +33,14 @@ from ..data.directory import (
     record_samples,
     written,
 )
-from ..data.images import FORMAT, IMG_EXTENSIONS, RECORD, SPLITS, fingerprint_parts
+from ..data.images import (
+    FORMAT,
+    HIGH_BIT_MODES,
+    IMG_EXTENSIONS,
+    RECORD,
+    SPLITS,
+    fingerprint_parts,
+)
 from .hf_datasets import default_workers
 from .image_check import Progress, check_images
 from .sources import DatasetSource
@@ -185,7 +192,8 @@ def write_image_dataset(
     def write(tmp: Path) -> dict:
         index = {"format": FORMAT, "classes": classes}
         index["counts"] = {"train": len(train), "val": len(held)}
-        index["converted"] = sum(mode != "RGB" for mode in modes)
+        index["converted"] = sum(mode not in ("RGB", *HIGH_BIT_MODES) for mode in modes)
+        index["scaled"] = sum(mode in HIGH_BIT_MODES for mode in modes)
         index["skipped"] = len(skipped)
         index["skipped_example"] = str(skipped[0]) if skipped else ""
         index["validation"] = validation
@@ -246,12 +254,15 @@ def summary(index: dict, args) -> str:
     scaled = ""
     if "pixel_range" in index:
         low, high = index["pixel_range"]
-        scaled = f"; images of more than 8 bits scaled from [{low:g}, {high:g}] to [0, 1]"
+        scaled = (
+            f"; {index['scaled']} of more than 8 bits scaled from [{low:g}, {high:g}] to [0, 1]"
+        )
     return (
         f"wrote {counts['train']} training and {counts['val']} validation images of "
         f"{len(index['classes'])} classes in {shards} shards to {args.out} (validation: "
         f"{index['validation']}; {index['converted']} converted to RGB when read{scaled}; "
-        f"{skipped} files skipped, hidden or not images by their extension{example}); train "
+        f"{skipped} file{'' if skipped == 1 else 's'} skipped, hidden or not images by their "
+        f"extension{example}); train "
         f"with model=vision dataset={args.out}"
     )
 
