@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config_keys import ConfigError  # noqa: E402
 from {{ cookiecutter.package_name }}.data import batches, images, kinds  # noqa: E402
 from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset import image_check  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
 
 CLASSES = ("cat", "dog", "emu")
@@ -126,7 +127,7 @@ def test_a_validation_folder_and_its_classes(packed, tmp_path):
 
 
 def test_the_process_pool_check_names_the_same_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(image_writer, "POOL_MIN_IMAGES", 1)
+    monkeypatch.setattr(image_check, "POOL_MIN_IMAGES", 1)
     source = image_folder(tmp_path / "folder", per_class=3)
     (source / "dog" / "img01.jpeg").write_bytes(b"not an image")
     with pytest.raises(DatasetError, match=r"dog/img01.jpeg: not an image that decodes"):
@@ -215,8 +216,8 @@ def test_modes_are_stored_unchanged_and_read_as_rgb(tmp_path, capsys):
     assert line == (
         f"wrote 7 training and 3 validation images of 3 classes in 2 shards to {out} "
         "(validation: 0.05 of each class held out (at least one image); "
-        "4 converted to RGB when read); "
-        f"train with model=vision dataset={out}"
+        "4 converted to RGB when read; 2 files skipped, hidden or not images by their "
+        f"extension, e.g. folder/cat/.DS_Store); train with model=vision dataset={out}"
     )
     data = open_splits(out)
     records = np.load(out / "train-index.npy")

@@ -99,6 +99,22 @@ def index_fields(directory: Path) -> Iterator[None]:
         raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
 
 
+def content_fingerprint(*parts) -> str:
+    """A dataset's fingerprint: the sha256 of what it is (its format, its class names, the
+    digest of its data, ...), as JSON."""
+    return "sha256:" + hashlib.sha256(json.dumps(list(parts)).encode()).hexdigest()
+
+
+def check_fingerprint(directory: Path, index: dict, *parts) -> None:
+    """index.json's "fingerprint" must be `content_fingerprint(*parts)` of what it says: an
+    index edited after make-dataset (class names swapped, renamed) is one line."""
+    if index["fingerprint"] != content_fingerprint(*parts):
+        raise DatasetError(
+            f"{Path(directory) / INDEX_FILE}: its class names or data digests are not those its "
+            "fingerprint was made from: edited after make-dataset wrote it; write the dataset again"
+        )
+
+
 # --- hashes ----------------------------------------------------------------------------------
 
 

@@ -16,11 +16,22 @@ shared server) and Capstor scratch has an inode quota; a few files of about 128 
 random offsets instead (`os.pread`, one descriptor per shard and process).
 
 A sample is `(image, label)`: a float32 tensor (3, image_size, image_size) normalised with the
-ImageNet mean and std, and an int64 label. Images are decoded with PIL and converted to RGB in
-the loader workers, then transformed with torchvision.transforms.v2: a random resized crop and a
+ImageNet mean and std, and an int64 label. Images are decoded with PIL in the loader workers (its
+raster decoders only, RASTER_FORMATS: never Ghostscript for an EPS file), turned upright by their
+EXIF orientation, then transformed with torchvision.transforms.v2: a random resized crop and a
 horizontal flip for training, a resize and a centre crop for evaluation. Their randomness comes
 from torch's global generator, which batches.py seeds per sample from (seed, epoch, index).
 torchvision (and Pillow) are the optional `[vision]` extra: imported only where needed.
+
+Pixel formats: 8-bit images (JPEG, PNG, WebP, ...; grey, palette, CMYK, alpha) are converted to
+RGB, 0 to 255 becoming 0 to 1. Single-channel images of more than 8 bits (16-bit PNG and TIFF,
+32-bit integer and float TIFF: microscopy, medical, scientific cameras) are never cut to 8 bits:
+their values become a float32 tensor scaled by the dataset's own range, (value - low) / (high -
+low), low and high the smallest and largest value over all such images of the dataset (found by
+make-dataset, "pixel_range" in index.json, part of the fingerprint), copied to the three
+channels. Differences far below 1/256 survive, nothing is clipped. Colour images of more than 8
+bits per channel, which Pillow would read as 8 bits, and non-finite values are refused by
+make-dataset, one line naming the file.
 """
 
 from __future__ import annotations
@@ -35,7 +46,14 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config_keys import first_line, key, optional_import
-from .directory import DatasetError, ShardFile, index_fields, open_checked, read_index
+from .directory import (
+    DatasetError,
+    ShardFile,
+    check_fingerprint,
+    index_fields,
+    open_checked,
+    read_index,
+)
 from .info import DataInfo, DatasetKind, Splits
 
 FORMAT = "images/1"
@@ -46,6 +64,14 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # evaluation resizes to image_size * 256 / 224 before the centre crop (the ImageNet convention)
 EVAL_RESIZE = 256 / 224
+# Files taken from an ImageFolder, by extension (torchvision's ImageFolder: IMG_EXTENSIONS), and
+# the PIL decoders allowed to read them (JPEG's also reads the multi-picture JPEGs of phones).
+# Other plug-ins (EPS through Ghostscript, ...) never see a file: Image.open(..., formats=).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+RASTER_FORMATS = ("JPEG", "PNG", "PPM", "BMP", "TIFF", "WEBP")
+# PIL's modes of one channel of more than 8 bits: their values are scaled by the dataset's range
+HIGH_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+EXIF_ORIENTATION = 0x0112
 
 
 @dataclass
@@ -101,18 +127,54 @@ def to_normalised_tensor(v2) -> list:
     ]
 
 
-def decode(data: bytes, where: str):
-    """Encoded bytes -> an RGB PIL image; bytes that do not decode are one line naming `where`."""
+def open_image(source):
+    """PIL's Image.open of a path or file object, with the raster decoders only."""
+    image_module = pil_image()
+    image_module.init()  # registers the plug-ins (TIFF, WebP); a no-op after the first call
+    return image_module.open(source, formats=RASTER_FORMATS)
+
+
+def upright(image):
+    """The image turned as its EXIF orientation says (a phone photo taken sideways)."""
+    if image.getexif().get(EXIF_ORIENTATION, 1) == 1:
+        return image
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(image)
+
+
+def high_bit_values(image) -> np.ndarray | None:
+    """The float64 values of an image of one channel of more than 8 bits, else None."""
+    return np.asarray(image, dtype=np.float64) if image.mode in HIGH_BIT_MODES else None
+
+
+def scaled(values: np.ndarray, pixel_range) -> torch.Tensor:
+    """(3, H, W) float32: values mapped by the dataset's range (low -> 0, high -> 1)."""
+    low, high = pixel_range
+    values = (values - low) / (high - low if high > low else 1.0)
+    return torch.from_numpy(values.astype(np.float32)).expand(3, *values.shape).contiguous()
+
+
+def decode(data: bytes, where: str, pixel_range=None):
+    """Encoded bytes -> an upright RGB PIL image, or for one channel of more than 8 bits a (3, H,
+    W) float32 tensor scaled by the dataset's `pixel_range`; bytes that do not decode are one
+    line naming `where`."""
     image_module = pil_image()
     try:
-        with image_module.open(io.BytesIO(data)) as image:
+        with open_image(io.BytesIO(data)) as image:
             image.load()
-            return image.convert("RGB")
+            image = upright(image)
+            values = high_bit_values(image)
+            if values is None:
+                return image.convert("RGB")
     except (OSError, SyntaxError, ValueError, image_module.DecompressionBombError) as err:
         raise DatasetError(
             f"{where}: no longer decodes as an image ({first_line(err)}): the shard changed "
             "after make-dataset wrote it; write the dataset again"
         ) from None
+    if pixel_range is None:
+        raise DatasetError(f"{where}: a {image.mode} image, but index.json has no pixel_range")
+    return scaled(values, pixel_range)
 
 
 # --- reading a dataset directory -------------------------------------------------------------
@@ -121,8 +183,9 @@ def decode(data: bytes, where: str):
 class ImageSplit(Dataset):
     """The images of one split: item i is (transformed image, label) of record i."""
 
-    def __init__(self, records: np.ndarray, shards: list[ShardFile], transform):
+    def __init__(self, records: np.ndarray, shards: list[ShardFile], transform, pixel_range=None):
         self.records, self.shards, self.transform = records, shards, transform
+        self.pixel_range = pixel_range  # of images of more than 8 bits (index.json's)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -131,7 +194,7 @@ class ImageSplit(Dataset):
         offset, length, label, shard = (int(v) for v in self.records[index])
         data = self.shards[shard].read(offset, length)
         where = f"{self.shards[shard].path}: image {index} (bytes {offset} to {offset + length})"
-        image = decode(data, where)
+        image = decode(data, where, self.pixel_range)
         return self.transform(image), torch.tensor(label, dtype=torch.int64)
 
 
@@ -146,10 +209,29 @@ def read_image_index(directory: Path) -> dict:
                 str(entry["name"]), int(entry["bytes"]), int(entry["sampled_blocks"])
                 str(entry["sample_sha256"])
         str(index["fingerprint"])
+        if "data_sha256" not in index:  # written before class names were checked
+            raise DatasetError(
+                f"{Path(directory) / 'index.json'}: written by an earlier make-dataset (no "
+                "data_sha256, so its class names cannot be checked); write the dataset again"
+            )
+        parts = fingerprint_parts(index["classes"], index["data_sha256"], index.get("pixel_range"))
     if len(classes) < 2:
         path = Path(directory) / "index.json"
         raise DatasetError(f"{path}: names {len(classes)} classes; a classifier needs two")
+    check_fingerprint(directory, index, *parts)  # the class names are data
     return index
+
+
+def fingerprint_parts(classes: list, digests: list, pixel_range=None) -> list:
+    """What an images dataset's fingerprint is made of: the format, the class names in label
+    order, each split's digest of its labels and bytes, and the range that scales its images of
+    more than 8 bits (checked: two finite numbers, low <= high)."""
+    if pixel_range is None:
+        return [FORMAT, classes, digests]
+    low, high = (float(v) for v in pixel_range)
+    if not (np.isfinite([low, high]).all() and low <= high and len(pixel_range) == 2):
+        raise ValueError(f"pixel_range {pixel_range!r} is not [low, high]")
+    return [FORMAT, classes, digests, pixel_range]
 
 
 def read_records(directory: Path, index: dict, split: str) -> np.ndarray:
@@ -185,7 +267,8 @@ def open_images(directory: Path, cfg, spec) -> Splits:
         entries = index[split]["shards"]
         shards = [open_checked(directory, e, int(e["bytes"]), np.uint8, "byte") for e in entries]
         records = read_records(directory, index, split)
-        datasets[split] = ImageSplit(records, shards, transform(cfg.image_size))
+        pixel_range = index.get("pixel_range")
+        datasets[split] = ImageSplit(records, shards, transform(cfg.image_size), pixel_range)
     classes = tuple(index["classes"])
     return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, cfg)
 

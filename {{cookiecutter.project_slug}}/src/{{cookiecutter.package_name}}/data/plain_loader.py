@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
 from .directory import INDEX_FILE, DatasetError, ShardFile
-from .images import pil_image, train_transform
+from .images import open_image, train_transform
 from .info import Splits
 from .tokens import TokenDataset, synthetic_tokens
 
@@ -49,7 +49,7 @@ class PackedImagesPlainly(Dataset):
         with open(self.shards[shard], "rb") as file:
             file.seek(offset)
             data = file.read(length)
-        image = pil_image().open(io.BytesIO(data)).convert("RGB")
+        image = open_image(io.BytesIO(data)).convert("RGB")  # raster decoders only
         return self.transform(image), torch.tensor(label, dtype=torch.int64)
 
 

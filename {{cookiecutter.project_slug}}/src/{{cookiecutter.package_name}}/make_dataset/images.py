@@ -2,8 +2,14 @@
 ImageFolder (`DIR/<class>/<image>`, classes = the sorted folder names) packed into the shards
 of an images dataset (the format, and its reader: data/images.py).
 
-Every image is decoded once first (PIL, in a process pool when there are many), so a file that
-does not decode is one line naming it before anything is written. The encoded bytes are then
+Files are taken by their extension, as torchvision's ImageFolder takes them (IMG_EXTENSIONS:
+.jpg, .png, .tif, .webp, ...); others (README.txt, Thumbs.db) and hidden ones (.DS_Store) are
+skipped and counted in the summary. Every image is decoded once first (image_check.py: PIL's
+raster decoders, in a process pool when there are many, progress on stderr), so a file that does
+not decode is one line naming it before anything is written; so is one whose pixels PIL would
+read wrongly (colour of more than 8 bits per channel). Single-channel images of more than 8 bits
+keep their range: the smallest and largest value over them go into index.json ("pixel_range"),
+which the reader scales them by (data/images.py). The encoded bytes are then
 copied unchanged, in the order of (class, file name), into shards of about --shard-mb each: the
 same input gives the same bytes. Everything is written into a hidden temporary directory next to
 OUT and renamed to OUT at the end (data/directory.py, `written`): an error, Ctrl-C or SIGTERM
@@ -14,23 +20,33 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
-import signal
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, number_option
-from ..data.directory import DatasetError, check_out, record_samples, written
-from ..data.images import FORMAT, RECORD, SPLITS, pil_image
+from ..config_keys import number_option
+from ..data.directory import (
+    DatasetError,
+    check_out,
+    content_fingerprint,
+    record_samples,
+    written,
+)
+from ..data.images import (
+    FORMAT,
+    HIGH_BIT_MODES,
+    IMG_EXTENSIONS,
+    RECORD,
+    SPLITS,
+    fingerprint_parts,
+)
 from .hf_datasets import default_workers
+from .image_check import Progress, check_images
 from .sources import DatasetSource
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SHARD_MB = 128
-POOL_MIN_IMAGES = 512  # fewer are checked in this process: starting a pool would cost more
 
 
 # --- the ImageFolder -------------------------------------------------------------------------
@@ -40,9 +56,11 @@ def hidden(name: str) -> bool:
     return name.startswith(".")  # .DS_Store, ._name (macOS), .ipynb_checkpoints
 
 
-def image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+def image_folder(root: Path, skipped: list | None = None) -> tuple[list[str], list]:
     """(class names, (file, label) of every image): the class folders of `root` in sorted
-    order, each one's files (in subfolders too) sorted by their path; hidden ones skipped."""
+    order, each one's image files (in subfolders too) sorted by their path. Hidden files and
+    files that are not images by their extension are appended to `skipped`."""
+    skipped = [] if skipped is None else skipped
     if not root.exists():
         raise DatasetError(f"{root}: no such directory")
     if not root.is_dir():
@@ -56,11 +74,14 @@ def image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     files = []
     for label, name in enumerate(classes):
         folder = root / name
-        found = sorted(
-            path.relative_to(folder).as_posix()
-            for path in folder.rglob("*")
-            if path.is_file() and not any(hidden(part) for part in path.relative_to(folder).parts)
-        )
+        found = []
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            inside = path.relative_to(folder)
+            if any(map(hidden, inside.parts)) or path.suffix.lower() not in IMG_EXTENSIONS:
+                skipped.append(path.relative_to(root.parent))
+            else:
+                found.append(inside.as_posix())
+        found.sort()
         if not found:
             raise DatasetError(f"{folder}: empty class folder (no images)")
         files += [(folder / path, label) for path in found]
@@ -86,53 +107,11 @@ def hold_out(
     return train, val
 
 
-# --- the decoding check ----------------------------------------------------------------------
-
-
-def image_mode(path: str) -> tuple[str, str]:
-    """(PIL mode, "") of an image file that decodes and converts to RGB, else ("", why not)."""
-    image_module = pil_image()
-    try:
-        with image_module.open(path) as image:
-            image.load()
-            if image.mode != "RGB":
-                image.convert("RGB")
-            return image.mode, ""
-    except (OSError, SyntaxError, ValueError, image_module.DecompressionBombError) as err:
-        return "", first_line(err)
-
-
-def ignore_stop_signals() -> None:
-    """Pool workers leave Ctrl-C and SIGTERM to the writer, which stops the pool."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def check_images(paths: list[Path], workers: int) -> list[str]:
-    """Every image's mode, or one line naming the first file (in order) that does not decode."""
-    names = [str(path) for path in paths]
-    if workers > 1 and len(names) >= POOL_MIN_IMAGES:
-        # the platform's default start method, as torch's DataLoader uses (fork on Linux: no
-        # worker imports the package again)
-        pool = ProcessPoolExecutor(workers, initializer=ignore_stop_signals)
-        try:
-            chunk = max(1, min(256, len(names) // (4 * workers)))
-            results = list(pool.map(image_mode, names, chunksize=chunk))
-        finally:
-            pool.shutdown(cancel_futures=True)
-    else:
-        results = [image_mode(name) for name in names]
-    for name, (mode, why) in zip(names, results, strict=True):
-        if not mode:
-            raise DatasetError(f"{name}: not an image that decodes ({why})")
-    return [mode for mode, _ in results]
-
-
 # --- writing ---------------------------------------------------------------------------------
 
 
 def write_split(
-    tmp: Path, split: str, files: list[tuple[Path, int]], shard_bytes: int
+    tmp: Path, split: str, files: list[tuple[Path, int]], shard_bytes: int, progress=None
 ) -> tuple[dict, str]:
     """The split's shards and record array in `tmp`: (its index.json entry, the sha256 of its
     bytes for the fingerprint). A new shard starts where the next image would pass shard_bytes."""
@@ -155,6 +134,8 @@ def write_split(
             shards[-1]["images"] += 1
             digest.update(f"{label} {len(data)}\n".encode())
             digest.update(data)
+            if progress is not None:
+                progress.update()
     finally:
         if handle is not None:
             close_shard(handle)
@@ -190,12 +171,13 @@ def write_image_dataset(
         raise DatasetError(f"--val-fraction must be between 0 and 1, got {fraction}")
     if not shard_mb > 0:
         raise DatasetError(f"--shard-mb must be positive, got {shard_mb}")
-    classes, train = image_folder(images)
+    skipped: list[Path] = []
+    classes, train = image_folder(images, skipped)
     if val is None:
         train, held = hold_out(train, classes, fraction)
         validation = f"{fraction:g} of each class held out (at least one image)"
     else:
-        val_classes, held = image_folder(Path(val))
+        val_classes, held = image_folder(Path(val), skipped)
         if val_classes != classes:
             only = sorted(set(classes) ^ set(val_classes))
             raise DatasetError(
@@ -204,21 +186,29 @@ def write_image_dataset(
             )
         validation = f"from {val}"
     check_out(out, "images dataset")
-    modes = check_images([path for path, _ in train + held], workers or default_workers())
+    paths = [path for path, _ in train + held]
+    modes, pixel_range = check_images(paths, workers or default_workers())
 
     def write(tmp: Path) -> dict:
         index = {"format": FORMAT, "classes": classes}
         index["counts"] = {"train": len(train), "val": len(held)}
-        index["converted"] = sum(mode != "RGB" for mode in modes)
+        index["converted"] = sum(mode not in ("RGB", *HIGH_BIT_MODES) for mode in modes)
+        index["scaled"] = sum(mode in HIGH_BIT_MODES for mode in modes)
+        index["skipped"] = len(skipped)
+        index["skipped_example"] = str(skipped[0]) if skipped else ""
         index["validation"] = validation
-        digests = []
+        progress, digests = Progress("packed", len(train) + len(held)), []
         for split, files in zip(SPLITS, (train, held), strict=True):
-            index[split], digest = write_split(tmp, split, files, int(shard_mb * 2**20))
+            index[split], digest = write_split(tmp, split, files, int(shard_mb * 2**20), progress)
             digests.append(digest)
+        progress.close()
         shards = [entry for split in SPLITS for entry in index[split]["shards"]]
         record_samples(tmp, shards, [entry["bytes"] for entry in shards])
-        header = json.dumps([FORMAT, classes, digests]).encode()  # the images, not their paths
-        index["fingerprint"] = "sha256:" + hashlib.sha256(header).hexdigest()
+        index["data_sha256"] = digests  # the images and labels, not their paths
+        if pixel_range is not None:
+            index["pixel_range"] = pixel_range
+        parts = fingerprint_parts(classes, digests, pixel_range)
+        index["fingerprint"] = content_fingerprint(*parts)
         index["sources"] = [str(images)] + ([str(val)] if val is not None else [])
         return index
 
@@ -259,11 +249,21 @@ def write(args) -> dict:
 
 def summary(index: dict, args) -> str:
     counts, shards = index["counts"], len(index["train"]["shards"]) + len(index["val"]["shards"])
+    skipped = index.get("skipped", 0)
+    example = f", e.g. {index['skipped_example']}" if skipped else ""
+    scaled = ""
+    if "pixel_range" in index:
+        low, high = index["pixel_range"]
+        scaled = (
+            f"; {index['scaled']} of more than 8 bits scaled from [{low:g}, {high:g}] to [0, 1]"
+        )
     return (
         f"wrote {counts['train']} training and {counts['val']} validation images of "
         f"{len(index['classes'])} classes in {shards} shards to {args.out} (validation: "
-        f"{index['validation']}; {index['converted']} converted to RGB when read); train with "
-        f"model=vision dataset={args.out}"
+        f"{index['validation']}; {index['converted']} converted to RGB when read{scaled}; "
+        f"{skipped} file{'' if skipped == 1 else 's'} skipped, hidden or not images by their "
+        f"extension{example}); train "
+        f"with model=vision dataset={args.out}"
     )
 
 
