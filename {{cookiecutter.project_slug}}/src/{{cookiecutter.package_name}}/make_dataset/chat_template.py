@@ -15,11 +15,20 @@ return_assistant_tokens_mask=True)` marks (docs/finetune.md#what-the-loss-reads)
 
 Control tokens typed inside a message (`<|im_end|>` as text) are refused: the tokenizer would
 read them as the tokens themselves, a forged turn in the training data.
+
+A template is code from the tokenizer's directory, run in Jinja's sandbox (transformers'): it
+cannot reach files or Python, but its loops can run for ever and its strings grow without end.
+So every batch is rendered and encoded within a time bound (`time_bound`: SIGALRM stops the
+template between two of its steps) and every conversation's rendering within a size bound
+(`RENDER_CHARS`): either exceeded is one line naming the template.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +38,61 @@ from ..data.directory import DatasetError
 
 # A generation tag, as transformers finds one (its chat_template_utils)
 GENERATION_BLOCK = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+# The bounds of a template's work: a batch of conversations rendered and encoded within
+# RENDER_SECONDS plus RENDER_SECONDS_PER_MB for each MB of their messages' text (tokenizers
+# encode several MB/s; a template adds a few headers), and a conversation rendered to at most
+# RENDER_CHARS characters more than RENDER_GROWTH times its messages' text.
+RENDER_SECONDS = 20.0
+RENDER_SECONDS_PER_MB = 10.0
+RENDER_CHARS = 2**20
+RENDER_GROWTH = 16
+
+
+class RenderedTooLong(Exception):
+    """A conversation rendered beyond RENDER_CHARS: (where, characters, limit)."""
+
+
+class TemplateTimeout(BaseException):
+    """The time bound ran out (a BaseException: Jinja's and transformers' `except Exception`
+    must not swallow it)."""
+
+
+@contextmanager
+def time_bound(seconds: float):
+    """Raise TemplateTimeout in the block after `seconds` of wall time (SIGALRM; the main
+    thread only: elsewhere the block runs unbounded). A step of the template that is one long
+    operation (a string of a billion characters built at once) ends before the signal is seen."""
+
+    def expire(signum, frame):
+        raise TemplateTimeout
+
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread
+        previous = None
+    if previous is not None:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def template_name(tokenizer_path: Path, template_file: Path | None) -> str:
+    """The file the chat template came from, for messages: --chat-template, else the file of
+    the tokenizer's directory that holds it."""
+    if template_file is not None:
+        return str(template_file)
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if (Path(tokenizer_path) / name).is_file():
+            return str(Path(tokenizer_path) / name)
+    return f"the chat template of {tokenizer_path}"
+
+
+def message_chars(turns: list[dict]) -> int:
+    return sum(len(turn["content"]) for turn in turns)
 
 
 def control_tokens(tokenizer) -> re.Pattern | None:
@@ -53,13 +117,17 @@ def check_text(turns: list[dict], controls: re.Pattern | None, where: str) -> No
 
 def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) -> str:
     try:
-        return tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             turns, tokenize=False, add_generation_prompt=generation_prompt
         )
     except Exception as err:  # the template's own raise_exception, a Jinja error
         raise DatasetError(
             f"{where}: the chat template cannot render it: {first_line(err)}"
         ) from None
+    limit = RENDER_CHARS + RENDER_GROWTH * message_chars(turns)
+    if len(text) > limit:
+        raise RenderedTooLong(where, len(text), limit)
+    return text
 
 
 def answer_spans(tokenizer, turns: list[dict], text: str, where: str) -> list[tuple[int, int]]:
@@ -110,7 +178,10 @@ def rendered_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
 
 def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
     """(ids, mask) of each conversation, for a template with generation blocks:
-    transformers' own mask (one call for the batch: the tokenizer encodes it on every core)."""
+    transformers' own mask (one call for the batch: the tokenizer encodes it on every core),
+    after each conversation's rendering was found within RENDER_CHARS."""
+    for where, turns in batch:
+        render(tokenizer, turns, False, where)
     try:
         encoded = tokenizer.apply_chat_template(
             [turns for _, turns in batch],
@@ -119,8 +190,6 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
             return_assistant_tokens_mask=True,
         )
     except Exception as err:
-        for where, turns in batch:  # the conversation the template fails on, by its name
-            render(tokenizer, turns, False, where)
         raise DatasetError(
             f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
         ) from None
@@ -128,13 +197,35 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
 
 
 def encode_conversations(
-    tokenizer, batch: list[tuple[str, list[dict]]], train_on_prompt: bool, controls=None
+    tokenizer,
+    batch: list[tuple[str, list[dict]]],
+    train_on_prompt: bool,
+    controls=None,
+    template: str = "the chat template",
 ):
-    """(ids, mask) of each conversation of the batch; `controls`: control_tokens(tokenizer)."""
+    """(ids, mask) of each conversation of the batch, within the time bound; `controls`:
+    control_tokens(tokenizer); `template`: where the template came from (template_name)."""
     for where, turns in batch:
         check_text(turns, controls, where)
     marked = GENERATION_BLOCK.search(tokenizer.get_chat_template())  # the default of several
-    answers = (marked_answers if marked else rendered_answers)(tokenizer, batch)
+    mb = sum(message_chars(turns) for _, turns in batch) / 2**20
+    seconds = RENDER_SECONDS + RENDER_SECONDS_PER_MB * mb
+    try:
+        with time_bound(seconds):
+            answers = list((marked_answers if marked else rendered_answers)(tokenizer, batch))
+    except RenderedTooLong as err:
+        where, chars, limit = err.args
+        raise DatasetError(
+            f"{template}: renders {where} to {chars} characters, more than {limit} "
+            f"({RENDER_GROWTH} times its messages' text + {RENDER_CHARS}): the template's strings "
+            "grow without bound: fix the template or give another with --chat-template"
+        ) from None
+    except TemplateTimeout:
+        raise DatasetError(
+            f"{template}: rendering and encoding {batch[0][0]} and the {len(batch) - 1} "
+            f"conversations after it took more than {seconds:.0f} s; the template's loops or "
+            "strings grow without bound: fix the template or give another with --chat-template"
+        ) from None
     for (where, _), (ids, mask) in zip(batch, answers, strict=True):
         mask = np.asarray(mask, dtype=MASK_DTYPE)
         if train_on_prompt:
