@@ -195,7 +195,8 @@ def open_checked(directory: Path, entry: dict, size: int, dtype, unit: str) -> S
 def file_name(directory: Path, name: object) -> str:
     """A file name index.json lists: a plain name inside the dataset directory, never a path
     that leads out of it (`/etc/passwd`, `../other/train.bin`)."""
-    if not isinstance(name, str) or name in ("", ".", "..") or "\0" in name or Path(name).name != name:
+    plain = isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name
+    if not plain or Path(name).name != name:
         raise DatasetError(
             f"{Path(directory) / INDEX_FILE}: lists {name!r}, which is not a file name inside "
             "the dataset directory; write the dataset again"

@@ -32,7 +32,8 @@ from ..data.directory import (
     written,
 )
 from ..data.tokenizer import load_chat_tokenizer, tokenizer_file, tokenizer_record
-from .chat_template import control_tokens, encode_conversations, template_name
+from .chat_template import control_tokens, template_name
+from .chat_worker import template_worker
 from .hf_datasets import open_source
 from .sources import DatasetSource
 
@@ -251,16 +252,18 @@ def write_chat_dataset(
 
 
 def encoded(source: str, split: str, tokenizer, train_on_prompt: bool, template: str) -> Iterator:
-    """(ids, mask) of every conversation of the source, in its order (`template`: the file the
-    chat template came from, named when it exceeds its bounds)."""
-    batch, controls = [], control_tokens(tokenizer)
-    for where, record in records(source, split):
-        batch.append((where, messages_of(record, where)))
-        if len(batch) == RENDER_BATCH:
-            yield from encode_conversations(tokenizer, batch, train_on_prompt, controls, template)
-            batch = []
-    if batch:
-        yield from encode_conversations(tokenizer, batch, train_on_prompt, controls, template)
+    """(ids, mask) of every conversation of the source, in its order, rendered and encoded in a
+    process bounded in time (chat_worker.py; `template`: the file the chat template came from,
+    named when it exceeds its bounds)."""
+    batch = []
+    with template_worker(tokenizer, train_on_prompt, control_tokens(tokenizer), template) as worker:
+        for where, record in records(source, split):
+            batch.append((where, messages_of(record, where)))
+            if len(batch) == RENDER_BATCH:
+                yield from worker.encode(batch)
+                batch = []
+        if batch:
+            yield from worker.encode(batch)
 
 
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:

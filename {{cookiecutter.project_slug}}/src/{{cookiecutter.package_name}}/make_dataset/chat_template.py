@@ -16,18 +16,14 @@ return_assistant_tokens_mask=True)` marks (docs/finetune.md#what-the-loss-reads)
 Control tokens typed inside a message (`<|im_end|>` as text) are refused: the tokenizer would
 read them as the tokens themselves, a forged turn in the training data.
 
-A template is code from the tokenizer's directory, run in Jinja's sandbox (transformers'): it
-cannot reach files or Python, but its loops can run for ever and its strings grow without end.
-So every batch is rendered and encoded within a time bound (`time_bound`: SIGALRM stops the
-template between two of its steps) and every conversation's rendering within a size bound
-(`RENDER_CHARS`): either exceeded is one line naming the template.
+A conversation rendered to more than RENDER_CHARS characters beyond RENDER_GROWTH times its
+messages' text is refused (`RenderedTooLong`); chat_worker.py runs all of this in a process of its
+own within a time bound.
 """
 
 from __future__ import annotations
 
 import re
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -38,46 +34,22 @@ from ..data.directory import DatasetError
 
 # A generation tag, as transformers finds one (its chat_template_utils)
 GENERATION_BLOCK = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
-# The bounds of a template's work: a batch of conversations rendered and encoded within
-# RENDER_SECONDS plus RENDER_SECONDS_PER_MB for each MB of their messages' text (tokenizers
-# encode several MB/s; a template adds a few headers), and a conversation rendered to at most
-# RENDER_CHARS characters more than RENDER_GROWTH times its messages' text.
-RENDER_SECONDS = 20.0
-RENDER_SECONDS_PER_MB = 10.0
+# A conversation is rendered to at most RENDER_CHARS characters more than RENDER_GROWTH times its
+# messages' text (a template adds a few headers, a system prompt, tool descriptions)
 RENDER_CHARS = 2**20
 RENDER_GROWTH = 16
 
 
 class RenderedTooLong(Exception):
-    """A conversation rendered beyond RENDER_CHARS: (where, characters, limit)."""
+    """A conversation rendered beyond the bound: (where, characters, limit)."""
 
 
-class TemplateTimeout(BaseException):
-    """The time bound ran out (a BaseException: Jinja's and transformers' `except Exception`
-    must not swallow it)."""
-
-
-@contextmanager
-def time_bound(seconds: float):
-    """Raise TemplateTimeout in the block after `seconds` of wall time (SIGALRM; the main
-    thread only: elsewhere the block runs unbounded). A step of the template that is one long
-    operation (a string of a billion characters built at once) ends before the signal is seen."""
-
-    def expire(signum, frame):
-        raise TemplateTimeout
-
-    try:
-        previous = signal.signal(signal.SIGALRM, expire)
-    except ValueError:  # not the main thread
-        previous = None
-    if previous is not None:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+def too_long(template: str, where: str, chars: int, limit: int) -> str:
+    return (
+        f"{template}: renders {where} to {chars} characters, more than {limit} ({RENDER_GROWTH} "
+        f"times its messages' text + {RENDER_CHARS}): the template's strings grow without "
+        "bound; fix the template or give another with --chat-template"
+    )
 
 
 def template_name(tokenizer_path: Path, template_file: Path | None) -> str:
@@ -197,35 +169,13 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
 
 
 def encode_conversations(
-    tokenizer,
-    batch: list[tuple[str, list[dict]]],
-    train_on_prompt: bool,
-    controls=None,
-    template: str = "the chat template",
+    tokenizer, batch: list[tuple[str, list[dict]]], train_on_prompt: bool, controls=None
 ):
-    """(ids, mask) of each conversation of the batch, within the time bound; `controls`:
-    control_tokens(tokenizer); `template`: where the template came from (template_name)."""
+    """(ids, mask) of each conversation of the batch; `controls`: control_tokens(tokenizer)."""
     for where, turns in batch:
         check_text(turns, controls, where)
     marked = GENERATION_BLOCK.search(tokenizer.get_chat_template())  # the default of several
-    mb = sum(message_chars(turns) for _, turns in batch) / 2**20
-    seconds = RENDER_SECONDS + RENDER_SECONDS_PER_MB * mb
-    try:
-        with time_bound(seconds):
-            answers = list((marked_answers if marked else rendered_answers)(tokenizer, batch))
-    except RenderedTooLong as err:
-        where, chars, limit = err.args
-        raise DatasetError(
-            f"{template}: renders {where} to {chars} characters, more than {limit} "
-            f"({RENDER_GROWTH} times its messages' text + {RENDER_CHARS}): the template's strings "
-            "grow without bound: fix the template or give another with --chat-template"
-        ) from None
-    except TemplateTimeout:
-        raise DatasetError(
-            f"{template}: rendering and encoding {batch[0][0]} and the {len(batch) - 1} "
-            f"conversations after it took more than {seconds:.0f} s; the template's loops or "
-            "strings grow without bound: fix the template or give another with --chat-template"
-        ) from None
+    answers = (marked_answers if marked else rendered_answers)(tokenizer, batch)
     for (where, _), (ids, mask) in zip(batch, answers, strict=True):
         mask = np.asarray(mask, dtype=MASK_DTYPE)
         if train_on_prompt:
