@@ -65,7 +65,7 @@ def first_shard(change):
         ("2**40 blocks", first_shard(lambda e: e.update(sampled_blocks=2**40)), "not in 1 to 64"),
         ("a path out", first_shard(lambda e: e.update(name="/etc/passwd")), "not a file name"),
         ("a path up", first_shard(lambda e: e.update(name="../ds/x.bin")), "not a file name"),
-        ("no tokens", first_shard(lambda e: e.update(tokens=-4)), "index.json says"),
+        ("true blocks", first_shard(lambda e: e.update(sampled_blocks=True)), "sampled_blocks"),
     ],
 )
 def test_an_index_number_is_checked_before_the_work_it_asks_for(
@@ -199,10 +199,11 @@ def images(tmp_path_factory):
     return root / "ds"
 
 
-def with_length(length: int):
+def with_length(length: int, offset: int | None = None):
     def change(records):
         records = records.copy()
         records["length"][0] = length
+        records["offset"][0] = records["offset"][0] if offset is None else offset
         return records
 
     return change
@@ -213,7 +214,7 @@ def with_length(length: int):
     [
         (with_length(-5), "record 0 has a length of no bytes"),
         (with_length(0), "record 0 has a length of no bytes"),
-        (with_length(2**62), "record 0 lies outside its shard"),
+        (with_length(2**62, 2**62), "record 0 lies outside its shard"),  # the sum overflows
         (lambda records: np.array([{"a": 1}], dtype=object), "not an array of records"),
         (lambda records: records.reshape(-1, 1), "not the records of make-dataset --images"),
         (lambda records: np.arange(len(records)), "not the records of make-dataset --images"),
@@ -238,6 +239,11 @@ def test_a_shard_size_that_is_no_finite_number_is_refused(capsys, value):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "argument --shard-mb: expects a number" in err, err
+
+
+def test_a_negative_shard_size_is_one_line(capsys):
+    assert main(["make-dataset", "--images", "d", "--out", "o", "--shard-mb", "-1"]) == 2
+    assert "--shard-mb must be positive, got -1.0" in one_line(capsys)
 
 
 # --- weights files ---------------------------------------------------------------------------

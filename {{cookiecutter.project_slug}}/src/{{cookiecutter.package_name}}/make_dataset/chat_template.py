@@ -41,15 +41,19 @@ RENDER_GROWTH = 16
 
 
 class RenderedTooLong(Exception):
-    """A conversation rendered beyond the bound: (where, characters, limit)."""
+    """A conversation rendered beyond the bound: (where, its size in words, the limit)."""
 
 
-def too_long(template: str, where: str, chars: int, limit: int) -> str:
+def too_long(template: str, where: str, size: str, limit: int) -> str:
     return (
-        f"{template}: renders {where} to {chars} characters, more than {limit} ({RENDER_GROWTH} "
+        f"{template}: renders {where} to {size}, more than {limit} characters ({RENDER_GROWTH} "
         f"times its messages' text + {RENDER_CHARS}): the template's strings grow without "
         "bound; fix the template or give another with --chat-template"
     )
+
+
+def rendering_limit(turns: list[dict]) -> int:
+    return RENDER_CHARS + RENDER_GROWTH * message_chars(turns)
 
 
 def template_name(tokenizer_path: Path, template_file: Path | None) -> str:
@@ -96,9 +100,8 @@ def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) ->
         raise DatasetError(
             f"{where}: the chat template cannot render it: {first_line(err)}"
         ) from None
-    limit = RENDER_CHARS + RENDER_GROWTH * message_chars(turns)
-    if len(text) > limit:
-        raise RenderedTooLong(where, len(text), limit)
+    if len(text) > (limit := rendering_limit(turns)):
+        raise RenderedTooLong(where, f"{len(text)} characters", limit)
     return text
 
 
@@ -150,10 +153,9 @@ def rendered_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
 
 def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
     """(ids, mask) of each conversation, for a template with generation blocks:
-    transformers' own mask (one call for the batch: the tokenizer encodes it on every core),
-    after each conversation's rendering was found within RENDER_CHARS."""
-    for where, turns in batch:
-        render(tokenizer, turns, False, where)
+    transformers' own mask (one call for the batch: the tokenizer encodes it on every core).
+    The rendering is not seen here: a token holds at least one of its characters, so more
+    tokens than its bound allows characters is a rendering beyond it."""
     try:
         encoded = tokenizer.apply_chat_template(
             [turns for _, turns in batch],
@@ -165,6 +167,9 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
         raise DatasetError(
             f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
         ) from None
+    for (where, turns), ids in zip(batch, encoded["input_ids"], strict=True):
+        if len(ids) > (limit := rendering_limit(turns)):
+            raise RenderedTooLong(where, f"{len(ids)} tokens", limit)
     yield from zip(encoded["input_ids"], encoded["assistant_masks"], strict=True)
 
 
