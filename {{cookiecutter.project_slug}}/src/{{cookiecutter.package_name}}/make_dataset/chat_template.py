@@ -164,6 +164,8 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
             return_assistant_tokens_mask=True,
         )
     except Exception as err:
+        for where, turns in batch:  # the conversation the template fails on, by its name
+            render(tokenizer, turns, False, where)
         raise DatasetError(
             f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
         ) from None
