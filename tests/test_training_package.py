@@ -63,8 +63,9 @@ def test_package_layout(repo, package):
         },
         "doctor": {"__init__", "bandwidth", "checks", "nodes", "preflight", "storage", "vision"},
         "make_dataset": {
-            *("__init__", "arrays", "benchmark", "chat", "chat_template", "hf_datasets"),
-            *("image_check", "images", "sources", "text_files", "tokenizer", "tokens"),
+            *("__init__", "arrays", "benchmark", "chat", "chat_template", "chat_worker"),
+            *("hf_datasets", "image_check", "images", "sources", "text_files", "tokenizer"),
+            "tokens",
         },
         "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision"},
         "run": {

@@ -269,7 +269,10 @@ def number_option(text: str) -> float:
 
 def _option(kind: type, text: str) -> int | float:
     try:
-        return read_number(kind, text)
+        number = read_number(kind, text)
+        if not math.isfinite(number):  # inf and nan: no option means them
+            raise ValueError(text)
+        return number
     except ValueError:
         # argparse prints it as "argument --workers: expects ..." under its usage, exit 2
         raise argparse.ArgumentTypeError(f"expects {_FORMS[kind]}, got {shown(text)}") from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,9 +231,16 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def open_weights_file(path: Path) -> WeightsFile:
     """The tensors of a torch.save'd state dict, memory-mapped (read as they are copied); a
-    file that is not one (a pickled module, a training checkpoint's nested dict) in one line."""
+    file that is not one (a pickled module, a training checkpoint's nested dict, no bytes) in
+    one line. A file of torch's format before 1.6 (not a zip) cannot be memory-mapped: it is read
+    whole."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if Path(path).stat().st_size == 0:
+            raise ConfigError(f"init_from={path}: an empty file (0 bytes), not a state dict")
+        legacy = not zipfile.is_zipfile(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
+    except ConfigError:
+        raise
     except Exception as err:  # not a zip of tensors, or pickled code weights_only refuses
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(

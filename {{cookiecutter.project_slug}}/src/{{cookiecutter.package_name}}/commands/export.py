@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..config_keys import ConfigError
 from ..run.atomic import output_path
 from .arguments import run_dir_argument
 
@@ -27,7 +28,17 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     )
 
 
+# what a file of weights is called; --format hf and peft write a directory
+FILE_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.format != "file" and args.out.suffix.lower() in FILE_SUFFIXES:
+        raise ConfigError(
+            f"export --format {args.format} writes a directory (transformers and peft load a "
+            f"directory), but --out {args.out} names a {args.out.suffix} file: give a directory "
+            "name, or --format file for one file"
+        )
     if args.format == "hf":
         from ..checkpoint.export_hf import export_hf
 

@@ -132,6 +132,24 @@ class ChatSplit(Dataset):
         return token_batch(*(torch.from_numpy(array) for array in arrays))
 
 
+def check_lengths(directory: Path, split: str, count: int, lengths, tokens, mask) -> None:
+    """The conversations' lengths against the files they cut: as many as index.json says, none
+    empty, adding up to the tokens and the mask bytes there are (a sum beyond the files would
+    end a run mid-epoch on a read past their end)."""
+    where = directory / file_names(split)["lengths"]
+    if len(lengths) != count:
+        raise DatasetError(f"{where}: {len(lengths)} conversations, but index.json says {count}")
+    if len(lengths) and int(lengths.min()) < 1:
+        raise DatasetError(f"{where}: conversation {int(np.argmin(lengths))} has no tokens")
+    total = int(lengths.sum())
+    if total != len(tokens) or total != len(mask):
+        raise DatasetError(
+            f"{where}: the conversations' lengths add up to {total} tokens, but "
+            f"{tokens.path.name} holds {len(tokens)} and {mask.path.name} {len(mask)}; write the "
+            "dataset again"
+        )
+
+
 def open_chat(directory: Path, cfg, spec) -> Splits:
     """The train and validation windows of a chat dataset, packed to the model's context."""
     directory = Path(directory)
@@ -146,6 +164,7 @@ def open_chat(directory: Path, cfg, spec) -> Splits:
             for part, item in zip(PARTS, (dtype, MASK_DTYPE, LENGTH_DTYPE), strict=True)
         )
         lengths = np.asarray(lengths, np.int64)
+        check_lengths(directory, split, int(index[split]["conversations"]), lengths, tokens, mask)
         if int(index[split]["max_id"]) >= int(index["vocab_size"]):
             raise DatasetError(f"{directory}: holds ids beyond its vocabulary; write it again")
         if len(lengths) and int(lengths.max()) > window:

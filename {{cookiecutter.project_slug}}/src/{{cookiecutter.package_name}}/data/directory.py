@@ -60,16 +60,29 @@ def read_index(directory: Path, format: str, written_by: str = "") -> dict:
     DatasetError line. `written_by`: how such a directory is made, said when there is none."""
     path = Path(directory) / INDEX_FILE
     try:
-        index = json.loads(path.read_text())
+        index = read_json(path)
     except FileNotFoundError:
         how = f": {written_by}" if written_by else ""
         raise DatasetError(f"{path} not found{how}") from None
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{path}: unreadable: {err}") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise DatasetError(f"{path}: unreadable: {json_error(err)}") from None
     found = index.get("format") if isinstance(index, dict) else None
     if found != format:
         raise DatasetError(f"{path}: unknown dataset format {found!r}; expected {format!r}")
     return index
+
+
+def read_json(path: Path) -> object:
+    """A JSON file's value, a UTF-8 byte order mark accepted (json reads bytes in the encoding
+    they announce). A nesting too deep for Python's parser raises RecursionError: `json_error`
+    says it in words."""
+    return json.loads(Path(path).read_bytes())
+
+
+def json_error(err: BaseException) -> str:
+    if isinstance(err, RecursionError):
+        return "nested too deeply to be read (JSON arrays or objects inside each other)"
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def token_ids(directory: Path, index: dict) -> tuple[np.dtype, int]:
@@ -94,7 +107,7 @@ def index_fields(directory: Path) -> Iterator[None]:
         yield
     except DatasetError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         path = Path(directory) / INDEX_FILE
         raise DatasetError(f"{path}: malformed index ({type(err).__name__}: {err})") from None
 
@@ -159,8 +172,16 @@ def open_checked(directory: Path, entry: dict, size: int, dtype, unit: str) -> S
     """The file of the dataset directory that an index.json `entry` describes (its "name", the
     "sampled_blocks" and their "sample_sha256"), refused in one line when it is missing, not of
     `size` bytes, or when its sampled blocks are not those make-dataset hashed. Its items are of
-    `dtype`, called `unit` in messages ("token")."""
-    path = Path(directory) / entry["name"]
+    `dtype`, called `unit` in messages ("token"). Every number of the entry is checked against
+    the file before any work proportional to it."""
+    path = Path(directory) / file_name(directory, entry["name"])
+    blocks = entry["sampled_blocks"]
+    if type(blocks) is not int or not 1 <= blocks <= SAMPLE_BLOCKS:
+        raise DatasetError(
+            f"{Path(directory) / INDEX_FILE}: sampled_blocks {blocks!r} of {path.name} is not in "
+            f"1 to {SAMPLE_BLOCKS} (make-dataset samples at most {SAMPLE_BLOCKS} blocks of a "
+            "file); write the dataset again"
+        )
     try:
         found = path.stat().st_size
     except FileNotFoundError:
@@ -175,7 +196,7 @@ def open_checked(directory: Path, entry: dict, size: int, dtype, unit: str) -> S
             "was modified, write it again"
         )
     try:
-        same = sample_sha256(path, size, int(entry["sampled_blocks"])) == entry["sample_sha256"]
+        same = sample_sha256(path, size, blocks) == entry["sample_sha256"]
     except OSError as err:
         raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
     if not same:
@@ -185,6 +206,18 @@ def open_checked(directory: Path, entry: dict, size: int, dtype, unit: str) -> S
             "dataset again"
         )
     return ShardFile(path, size // np.dtype(dtype).itemsize, dtype, unit)
+
+
+def file_name(directory: Path, name: object) -> str:
+    """A file name index.json lists: a plain name inside the dataset directory, never a path
+    that leads out of it (`/etc/passwd`, `../other/train.bin`)."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name
+    if not plain or Path(name).name != name:
+        raise DatasetError(
+            f"{Path(directory) / INDEX_FILE}: lists {name!r}, which is not a file name inside "
+            "the dataset directory; write the dataset again"
+        )
+    return name
 
 
 class ShardFile:

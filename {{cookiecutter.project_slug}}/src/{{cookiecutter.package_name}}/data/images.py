@@ -244,15 +244,24 @@ def read_records(directory: Path, index: dict, split: str) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
     if "sha256:" + hashlib.sha256(data).hexdigest() != index[split]["sha256"]:
         raise DatasetError(f"{path}: changed since make-dataset wrote it; write the dataset again")
-    records = np.load(io.BytesIO(data), allow_pickle=False)
+    try:
+        records = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:  # not a .npy, or objects it would unpickle
+        raise DatasetError(f"{path}: not an array of records ({first_line(err)})") from None
     shards = index[split]["shards"]
     sizes = np.array([int(entry["bytes"]) for entry in shards], dtype=np.int64)
-    if records.dtype != RECORD or len(records) != int(index["counts"][split]) or not len(records):
-        raise DatasetError(f"{path}: not the {index['counts'][split]} records index.json says")
+    count = int(index["counts"][split])
+    if not isinstance(records, np.ndarray) or records.dtype != RECORD or records.ndim != 1:
+        raise DatasetError(f"{path}: not the records of make-dataset --images ({RECORD.descr})")
+    if len(records) != count or not len(records) or not shards:
+        raise DatasetError(f"{path}: {len(records)} records, not the {count} index.json says")
+    if (empty := records["length"] < 1).any():
+        raise DatasetError(f"{path}: record {int(np.argmax(empty))} has a length of no bytes")
     inside = (records["shard"] >= 0) & (records["shard"] < len(shards))
     inside &= (records["label"] >= 0) & (records["label"] < len(index["classes"]))
-    ends = records["offset"] + records["length"]
-    inside &= (records["offset"] >= 0) & (ends <= sizes[np.clip(records["shard"], 0, None)])
+    room = sizes[np.clip(records["shard"], 0, len(shards) - 1)] - records["offset"]
+    # the bytes end inside the shard (written so that no sum overflows)
+    inside &= (records["offset"] >= 0) & (records["length"] <= room)
     if not inside.all():
         raise DatasetError(f"{path}: record {int(np.argmin(inside))} lies outside its shard")
     return records

@@ -14,14 +14,13 @@ and however many ranks share the stream.
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import distributed
 from ..config_keys import ConfigError, load_registry
-from .directory import INDEX_FILE, DatasetError, file_sha256
+from .directory import INDEX_FILE, DatasetError, file_sha256, json_error, read_json
 from .info import DatasetKind, Splits
 
 KIND_MODULES = (
@@ -39,7 +38,7 @@ def kind_of_directory(directory: Path) -> DatasetKind:
     """The kind whose format the directory's index.json names."""
     path = Path(directory) / INDEX_FILE
     try:
-        found = json.loads(path.read_text()).get("format")
+        found = read_json(path).get("format")
     except FileNotFoundError:
         if not Path(directory).is_dir():
             raise ConfigError(f"dataset {directory}: no such directory") from None
@@ -47,8 +46,10 @@ def kind_of_directory(directory: Path) -> DatasetKind:
             f"dataset {directory}: no {INDEX_FILE}; dataset directories are written by "
             f"`python -m {__package__.split('.')[0]} make-dataset ... --out DIR`"
         ) from None
-    except (OSError, ValueError, AttributeError) as err:
-        raise ConfigError(f"dataset {directory}: {INDEX_FILE} is unreadable ({err})") from None
+    except (OSError, ValueError, AttributeError, RecursionError) as err:
+        raise ConfigError(
+            f"dataset {directory}: {INDEX_FILE} is unreadable ({json_error(err)})"
+        ) from None
     for kind in KINDS.values():
         if kind.format == found:
             return kind

@@ -16,7 +16,7 @@ import numpy as np
 from ..config_keys import first_line, optional_import
 from .chat import FORMAT as CHAT_FORMAT
 from .chat import read_chat_index
-from .directory import DatasetError, file_sha256
+from .directory import DatasetError, file_sha256, read_json
 from .tokens import read_token_index
 
 BYTE_VOCAB = 256  # the byte-level tokenizer: an id per byte
@@ -202,8 +202,8 @@ class TextCodec:
 def dataset_index(directory: Path) -> dict:
     """index.json of a token or a chat dataset: both record their tokenizer alike."""
     try:
-        found = json.loads((directory / "index.json").read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
+        found = read_json(directory / "index.json").get("format")
+    except (OSError, ValueError, AttributeError, RecursionError):
         found = None  # read_index names the problem
     return read_chat_index(directory) if found == CHAT_FORMAT else read_token_index(directory)
 

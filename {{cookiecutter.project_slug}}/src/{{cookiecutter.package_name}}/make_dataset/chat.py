@@ -23,9 +23,17 @@ import numpy as np
 
 from ..config_keys import first_line, integer_option
 from ..data.chat import FORMAT, LENGTH_DTYPE, MASK_DTYPE, VAL_EVERY, file_names
-from ..data.directory import DatasetError, check_out, record_samples, token_dtype, written
+from ..data.directory import (
+    DatasetError,
+    check_out,
+    json_error,
+    record_samples,
+    token_dtype,
+    written,
+)
 from ..data.tokenizer import load_chat_tokenizer, tokenizer_file, tokenizer_record
-from .chat_template import control_tokens, encode_conversations
+from .chat_template import control_tokens, template_name
+from .chat_worker import template_worker
 from .hf_datasets import open_source
 from .sources import DatasetSource
 
@@ -41,21 +49,7 @@ def records(source: str, split: str) -> Iterator[tuple[str, dict]]:
     """(where, record) of each conversation: `file:line` of a JSONL file, else `SOURCE record N`."""
     path = Path(source).expanduser()
     if path.is_file() and path.suffix.lower() == ".jsonl":
-        try:
-            with open(path, encoding="utf-8") as lines:
-                for number, line in enumerate(lines, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except ValueError as err:
-                        raise DatasetError(f"{path}:{number}: not a JSON line ({err})") from None
-                    if not isinstance(record, dict):
-                        raise DatasetError(f"{path}:{number}: not a JSON object")
-                    yield f"{path}:{number}", record
-        except (OSError, UnicodeDecodeError) as err:
-            why = getattr(err, "strerror", None) or err
-            raise DatasetError(f"{path}: cannot read: {why}") from None
+        yield from jsonl_records(path)
         return
     dataset, _ = open_source(source, split)
     number = 0
@@ -67,6 +61,30 @@ def records(source: str, split: str) -> Iterator[tuple[str, dict]]:
         raise
     except Exception as err:  # a corrupt file, a lost connection
         raise DatasetError(f"{source}: cannot read record {number}: {first_line(err)}") from None
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """(`file:line`, record) of each line of a JSONL file; a line that is not UTF-8 JSON (a
+    latin-1 line, JSON nested too deeply to read) is one line naming file:line. A UTF-8 byte
+    order mark before the first line is skipped."""
+    try:
+        with open(path, "rb") as lines:
+            for number, line in enumerate(lines, 1):
+                where = f"{path}:{number}"
+                try:
+                    text = line.decode("utf-8-sig" if number == 1 else "utf-8")
+                    record = json.loads(text) if text.strip() else None
+                except UnicodeDecodeError as err:  # a ValueError: first
+                    why = f"not UTF-8 text ({err.reason} at byte {err.start})"
+                    raise DatasetError(f"{where}: {why}") from None
+                except (ValueError, RecursionError) as err:
+                    raise DatasetError(f"{where}: not a JSON line ({json_error(err)})") from None
+                if text.strip() and not isinstance(record, dict):
+                    raise DatasetError(f"{where}: not a JSON object")
+                if record is not None:
+                    yield where, record
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
 
 
 def messages_of(record: dict, where: str) -> list[dict]:
@@ -202,7 +220,8 @@ def write_chat_dataset(
         try:
             writers = {name: SplitWriter(tmp, name, dtype) for name in ("train", "val")}
             kept_count = 0
-            for ids, mask in encoded(source, split, tokenizer, train_on_prompt):
+            template = template_name(tokenizer_path, template_file)
+            for ids, mask in encoded(source, split, tokenizer, train_on_prompt, template):
                 kept = fit(ids, mask, max_length, too_long, counts)
                 if kept is not None:
                     kept_count += 1
@@ -232,16 +251,19 @@ def write_chat_dataset(
     return written(out, "chat dataset", write)
 
 
-def encoded(source: str, split: str, tokenizer, train_on_prompt: bool) -> Iterator:
-    """(ids, mask) of every conversation of the source, in its order."""
-    batch, controls = [], control_tokens(tokenizer)
-    for where, record in records(source, split):
-        batch.append((where, messages_of(record, where)))
-        if len(batch) == RENDER_BATCH:
-            yield from encode_conversations(tokenizer, batch, train_on_prompt, controls)
-            batch = []
-    if batch:
-        yield from encode_conversations(tokenizer, batch, train_on_prompt, controls)
+def encoded(source: str, split: str, tokenizer, train_on_prompt: bool, template: str) -> Iterator:
+    """(ids, mask) of every conversation of the source, in its order, rendered and encoded in a
+    process bounded in time (chat_worker.py; `template`: the file the chat template came from,
+    named when it exceeds its bounds)."""
+    batch = []
+    with template_worker(tokenizer, train_on_prompt, control_tokens(tokenizer), template) as worker:
+        for where, record in records(source, split):
+            batch.append((where, messages_of(record, where)))
+            if len(batch) == RENDER_BATCH:
+                yield from worker.encode(batch)
+                batch = []
+        if batch:
+            yield from worker.encode(batch)
 
 
 def save_tokenizer(tokenizer, directory: Path, source: Path) -> dict:

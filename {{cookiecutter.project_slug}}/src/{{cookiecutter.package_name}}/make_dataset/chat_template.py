@@ -15,11 +15,16 @@ return_assistant_tokens_mask=True)` marks (docs/finetune.md#what-the-loss-reads)
 
 Control tokens typed inside a message (`<|im_end|>` as text) are refused: the tokenizer would
 read them as the tokens themselves, a forged turn in the training data.
+
+A conversation rendered to more than RENDER_CHARS characters beyond RENDER_GROWTH times its
+messages' text is refused (`RenderedTooLong`); chat_worker.py runs all of this in a process of its
+own within a time bound.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +34,41 @@ from ..data.directory import DatasetError
 
 # A generation tag, as transformers finds one (its chat_template_utils)
 GENERATION_BLOCK = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+# A conversation is rendered to at most RENDER_CHARS characters more than RENDER_GROWTH times its
+# messages' text (a template adds a few headers, a system prompt, tool descriptions)
+RENDER_CHARS = 2**20
+RENDER_GROWTH = 16
+
+
+class RenderedTooLong(Exception):
+    """A conversation rendered beyond the bound: (where, its size in words, the limit)."""
+
+
+def too_long(template: str, where: str, size: str, limit: int) -> str:
+    return (
+        f"{template}: renders {where} to {size}, more than {limit} characters ({RENDER_GROWTH} "
+        f"times its messages' text + {RENDER_CHARS}): the template's strings grow without "
+        "bound; fix the template or give another with --chat-template"
+    )
+
+
+def rendering_limit(turns: list[dict]) -> int:
+    return RENDER_CHARS + RENDER_GROWTH * message_chars(turns)
+
+
+def template_name(tokenizer_path: Path, template_file: Path | None) -> str:
+    """The file the chat template came from, for messages: --chat-template, else the file of
+    the tokenizer's directory that holds it."""
+    if template_file is not None:
+        return str(template_file)
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if (Path(tokenizer_path) / name).is_file():
+            return str(Path(tokenizer_path) / name)
+    return f"the chat template of {tokenizer_path}"
+
+
+def message_chars(turns: list[dict]) -> int:
+    return sum(len(turn["content"]) for turn in turns)
 
 
 def control_tokens(tokenizer) -> re.Pattern | None:
@@ -53,13 +93,16 @@ def check_text(turns: list[dict], controls: re.Pattern | None, where: str) -> No
 
 def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) -> str:
     try:
-        return tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             turns, tokenize=False, add_generation_prompt=generation_prompt
         )
     except Exception as err:  # the template's own raise_exception, a Jinja error
         raise DatasetError(
             f"{where}: the chat template cannot render it: {first_line(err)}"
         ) from None
+    if len(text) > (limit := rendering_limit(turns)):
+        raise RenderedTooLong(where, f"{len(text)} characters", limit)
+    return text
 
 
 def answer_spans(tokenizer, turns: list[dict], text: str, where: str) -> list[tuple[int, int]]:
@@ -110,7 +153,9 @@ def rendered_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
 
 def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
     """(ids, mask) of each conversation, for a template with generation blocks:
-    transformers' own mask (one call for the batch: the tokenizer encodes it on every core)."""
+    transformers' own mask (one call for the batch: the tokenizer encodes it on every core).
+    The rendering is not seen here: a token holds at least one of its characters, so more
+    tokens than its bound allows characters is a rendering beyond it."""
     try:
         encoded = tokenizer.apply_chat_template(
             [turns for _, turns in batch],
@@ -124,6 +169,9 @@ def marked_answers(tokenizer, batch: list[tuple[str, list[dict]]]):
         raise DatasetError(
             f"{batch[0][0]}: the tokenizer cannot encode it: {first_line(err)}"
         ) from None
+    for (where, turns), ids in zip(batch, encoded["input_ids"], strict=True):
+        if len(ids) > (limit := rendering_limit(turns)):
+            raise RenderedTooLong(where, f"{len(ids)} tokens", limit)
     yield from zip(encoded["input_ids"], encoded["assistant_masks"], strict=True)
 
 

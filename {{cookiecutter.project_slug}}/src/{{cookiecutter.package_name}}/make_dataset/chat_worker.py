@@ -1,0 +1,125 @@
+"""The chat template's work, bounded: `make-dataset --chat` renders and encodes its conversations
+in a process of its own (forked once, so nothing is loaded twice), batch by batch, and waits for
+each batch a bounded time. A template is code from the tokenizer's directory, run in Jinja's
+sandbox (transformers'): it cannot reach files or Python, but its loops can run for ever and its
+strings grow without end, also while Jinja compiles it (`'x' * 10**9` is computed then). A batch
+that takes longer than its bound ends the process (SIGKILL: no step of the template can delay
+it) and the command, in one line naming the template; a conversation rendered beyond
+chat_template.RENDER_CHARS is refused inside the process.
+
+The process dies with make-dataset (kill -9 included: PR_SET_PDEATHSIG on Linux), leaves Ctrl-C
+and SIGTERM to it, and is killed when the write ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..data.directory import DatasetError
+from .chat_template import RenderedTooLong, encode_conversations, message_chars, too_long
+
+# A batch's bound: RENDER_SECONDS, plus RENDER_SECONDS_PER_MB for each MB of its messages' text
+# (tokenizers encode several MB/s on one core; a template adds a few headers per turn)
+RENDER_SECONDS = 30.0
+RENDER_SECONDS_PER_MB = 10.0
+
+
+def batch_seconds(batch: list[tuple[str, list[dict]]]) -> float:
+    mb = sum(message_chars(turns) for _, turns in batch) / 2**20
+    return RENDER_SECONDS + RENDER_SECONDS_PER_MB * mb
+
+
+def serve(conn, parent_end, parent: int, tokenizer, train_on_prompt: bool, controls) -> None:
+    """The process's loop: a batch in, its (ids, mask) or the reason it has none out."""
+    parent_end.close()  # so that make-dataset's end is this end's EOF
+    dying_with(parent)
+    while True:
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):  # make-dataset closed its end: done
+            return
+        try:
+            answer = ("ok", list(encode_conversations(tokenizer, batch, train_on_prompt, controls)))
+        except DatasetError as err:
+            answer = ("error", str(err))
+        except RenderedTooLong as err:
+            answer = ("too long", err.args)
+        except MemoryError:
+            answer = ("memory", batch[0][0])
+        conn.send(answer)
+
+
+def dying_with(parent: int) -> None:
+    """Leave the stop signals to make-dataset, and die with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+class TemplateWorker:
+    """The process that renders and encodes; `encode(batch)` waits for it within the bound."""
+
+    def __init__(self, tokenizer, train_on_prompt: bool, controls, template: str):
+        context = multiprocessing.get_context("fork")  # the tokenizer as loaded, not again
+        self.conn, child_end = context.Pipe()
+        self.template = template
+        self.process = context.Process(
+            target=serve,
+            args=(child_end, self.conn, os.getpid(), tokenizer, train_on_prompt, controls),
+            daemon=True,
+        )
+        self.process.start()
+        child_end.close()
+
+    def encode(self, batch: list[tuple[str, list[dict]]]) -> list:
+        """(ids, mask) of each conversation of the batch, or one DatasetError line."""
+        seconds = batch_seconds(batch)
+        self.conn.send(batch)
+        if not self.conn.poll(seconds):
+            self.close()
+            raise DatasetError(
+                f"{self.template}: rendering and encoding {batch[0][0]} and the "
+                f"{len(batch) - 1} conversations after it took more than {seconds:.0f} s: the "
+                "template's loops or strings grow without bound; fix the template or give "
+                "another with --chat-template"
+            )
+        try:
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            self.close()
+            raise DatasetError(
+                f"{self.template}: the process rendering {batch[0][0]} ended (exit status "
+                f"{self.process.exitcode}: out of memory?)"
+            ) from None
+        if kind == "ok":
+            return value
+        if kind == "too long":
+            raise DatasetError(too_long(self.template, *value))
+        if kind == "memory":
+            raise DatasetError(f"{self.template}: out of memory rendering {value}")
+        raise DatasetError(value)
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.kill()
+        self.process.join()
+
+
+@contextmanager
+def template_worker(tokenizer, train_on_prompt: bool, controls, template: str) -> Iterator:
+    worker = TemplateWorker(tokenizer, train_on_prompt, controls, template)
+    try:
+        yield worker
+    finally:
+        worker.close()
