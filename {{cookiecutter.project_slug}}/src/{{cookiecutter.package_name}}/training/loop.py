@@ -1,6 +1,7 @@
 """The training loop. `train(cfg)` starts a run, or resumes it from the newest checkpoint in
 `cfg.run_dir`: the same command does both. Returns the process exit status: 0 finished, 3
-(REQUEUE_EXIT_CODE) stopped early with a checkpoint (signal or job end time near). The run is
+(REQUEUE_EXIT_CODE) stopped early with a checkpoint (signal or job end time near); a NaN or inf
+loss raises telemetry.health.NonFinite (exit status 4, no checkpoint). The run is
 built by build.py, started by start.py and stepped by step.py.
 """
 
@@ -149,7 +150,7 @@ def run_training(
                 report.first_loss(loss.item(), run.spec.task.chance_loss(run.source.info))
             run.state.step = step
             run.state.samples_seen = batches.samples_seen(step)
-            meter.update(loss, inputs)
+            meter.update(loss, inputs, run.grad_norm)  # a NaN or inf stops the run at a log
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 meter.log(step, run.scheduler.get_last_lr()[0])
                 if lock is not None:
@@ -161,6 +162,7 @@ def run_training(
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
+                meter.check_finite(step, run.model)  # never a checkpoint of a diverged state
                 schedule.record_save(ckpt.save(step).stall_s)
                 meter.restart_clock()
                 policy.restart_clock(step)
