@@ -30,8 +30,11 @@ def test_a_blow_up_stops_before_any_checkpoint_of_it(tmp_path, single_process, c
     argv = [*TINY, *BLOW_UP, f"run_dir={run_dir}", "max_steps=10", "checkpoint_every=1"]
     assert main([*argv, "log_every=100"]) == 4
     (line,) = errors(capfd)
-    found = re.search(r"training diverged: (gradient norm|loss) (nan|inf) at step (\d+) "
-                      r"\(rank 0\); stopped at step (\d+) with no checkpoint of it", line)
+    found = re.search(
+        r"training diverged: (gradient norm|loss) (nan|inf) at step (\d+) "
+        r"\(rank 0\); stopped at step (\d+) with no checkpoint of it",
+        line,
+    )
     assert found and found[3] == found[4], line  # a save step: found where it happened
     bad = int(found[3])
     assert f"its checkpoint of step {bad - 1} in {run_dir / 'checkpoints'}" in line

@@ -47,8 +47,8 @@ def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(referen
     ranks = train_ranks(run_dir, tmp_path / "logs", extra)
     assert ranks.wait() == [4, 4], ranks.log(0)[-3000:]
     (line,) = [line for line in ranks.log(0).splitlines() if " ERROR " in line]
-    found = re.search(r"diverged: (gradient norm|loss) (nan|inf) at step (\d+) \((ranks?) [0-9, ]+\)"
-                      r"; stopped at step (\d+) with no checkpoint of it", line)
+    pattern = r"diverged: (gradient norm|loss) (nan|inf) at step (\d+) \((ranks?) [0-9, ]+\)"
+    found = re.search(pattern + r"; stopped at step (\d+) with no checkpoint of it", line)
     assert found and int(found[3]) > FINAL and found[3] == found[5], line
     assert f"its checkpoint of step {FINAL}" in line
     assert " ERROR " not in ranks.log(1) and "Traceback" not in ranks.log(0) + ranks.log(1)

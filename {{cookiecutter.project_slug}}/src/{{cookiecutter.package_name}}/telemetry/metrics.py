@@ -94,13 +94,15 @@ class Metrics:
         flops_per_step: float,
         units_per_step: int,
         start_step: int,
+        units_seen=None,  # step -> units all ranks read before it, padding excluded (batches.py)
     ):
         self.path, self.run_dir = RunDir.of(run_dir).metrics, run_dir
         self.is_main, self.world, self.cfg = env.is_main, env.world_size, cfg
         self.device = torch.device("cpu")
         self.flops_per_step = flops_per_step
         self.task, self.unit = task, task.unit
-        self.units_per_step = units_per_step  # per rank
+        self.units_per_step = units_per_step  # per rank, padding included
+        self.units_seen = units_seen or (lambda step: step * units_per_step * env.world_size)
         self.losses: list[torch.Tensor] = []  # since the last log, summed there
         self.norms: list[torch.Tensor] = []  # the steps' clipped gradient norms, likewise
         self.saved_step = start_step  # the newest checkpoint's step (0: none)
@@ -161,7 +163,10 @@ class Metrics:
         loss /= len(self.losses)
         elapsed = time.perf_counter() - self.window_start
         step_time = elapsed / max(self.window_steps, 1)
-        per_s = self.units_per_step * self.world / step_time
+        # real data: the units read since the window began, padding excluded (chat windows)
+        real = self.units_seen(step) - self.units_seen(step - self.window_steps)
+        per_s = real / max(elapsed, 1e-9)
+        real_share = real / max(self.units_per_step * self.world * self.window_steps, 1)
         record = {
             "kind": "train",
             "step": step,
@@ -170,6 +175,7 @@ class Metrics:
             "step_time_s": step_time,
             "data_wait_s": wait / max(self.window_steps, 1),
             "data_wait_fraction": wait / max(self.window_steps, 1) / step_time,
+            f"{self.unit}_seen": self.units_seen(step),  # all ranks', padding excluded
             f"{self.unit}_per_s": per_s,
             f"{self.unit}_per_s_per_rank": per_s / self.world,
             "tflops_per_rank": self.flops_per_step / step_time / 1e12,
@@ -179,7 +185,8 @@ class Metrics:
         }
         record.update(self.task.train_metrics(loss))
         if self.device.type == "cuda":  # MFU against the GPU's peak; meaningless on CPU
-            record["mfu"] = self.flops_per_step / step_time / (self.cfg.peak_tflops * 1e12)
+            model_flops = self.flops_per_step * real_share  # the padding's are not the model's
+            record["mfu"] = model_flops / step_time / (self.cfg.peak_tflops * 1e12)
         self.losses, self.norms = [], []
         self.restart_clock()
         if self.is_main:

@@ -132,14 +132,29 @@ def run_training(
     )
     per_sample = run.spec.units_per_sample(cfg)
     units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # in the task's unit
-    meter = metrics.Metrics(run_dir, env, cfg, run.spec.task, run.flops_per_step, units, start)
+
+    def units_seen(samples: int) -> int:  # tokens (not padding) or samples: what was read
+        return batches.units_seen(samples, per_sample)
+
+    meter = metrics.Metrics(
+        run_dir,
+        env,
+        cfg,
+        run.spec.task,
+        run.flops_per_step,
+        units,
+        start,
+        lambda step: units_seen(batches.samples_seen(step)),
+    )
     log.info(
         "%s, %.3g GFLOP per step and rank; checkpoints %s",
         run.spec.label(cfg),
         run.flops_per_step / 1e9,
         schedule.describe(),
     )
-    report = console.Console(cfg, env.is_main, device, run.flops_per_step, per_sample, start)
+    report = console.Console(
+        cfg, env.is_main, device, run.flops_per_step, per_sample, start, units_seen
+    )
     report.start(run.state.samples_seen)
     profiler = StepProfiler(cfg.profile_steps, cfg.profile_memory, env.rank, device, run_dir)
     try:
@@ -156,9 +171,10 @@ def run_training(
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
             if cfg.eval_every and step % cfg.eval_every == 0:
-                result = run.spec.task.report(evaluate(run, eval_set))
+                sums = evaluate(run, eval_set)
+                result = run.spec.task.report(sums)
                 meter.write({"kind": "eval", "step": step, **result})
-                report.evaluated(step, result, run.state.samples_seen)
+                report.evaluated(step, result, run.state.samples_seen, sums["count"])
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
