@@ -125,7 +125,8 @@ def fake_job(bake, tmp_path):
 def test_job_script_runs_array_tasks_as_runs_of_their_own(fake_job, tmp_path):
     """Array task 1 (whose job id is the array's, as Slurm gives the last task) trains
     <job name>-1 with its SWEEP line after the command line's overrides, and a stop for requeue
-    requeues 40_1, not the array 40; a plain job requeues itself; failures are not requeued."""
+    requeues 40_1, not the array 40; a plain job requeues itself; failures (a diverged run's
+    status 4 among them) are not requeued."""
     runs = tmp_path / "scratch" / "alps-torch-project" / "runs"
     sweep = tmp_path / "sweep.txt"
     sweep.write_text("lr=1e-3 seed=1\nlr=3e-4 seed=2\n")
@@ -146,6 +147,10 @@ def test_job_script_runs_array_tasks_as_runs_of_their_own(fake_job, tmp_path):
     assert proc.returncode == 1 and len(calls) == 1
     assert f"run_dir={runs}/alps-torch-project-1" in calls[0]
     assert "error: training failed (exit status 1;" in proc.stderr
+
+    proc, calls = fake_job(FAKE_SRUN_STATUS="4")  # diverged (a NaN): never requeued
+    assert proc.returncode == 4 and len(calls) == 1
+    assert "error: training diverged (exit status 4:" in proc.stderr
 
 
 def test_job_script_passes_dataset_only_when_the_user_set_it(fake_job, tmp_path):

@@ -73,7 +73,8 @@ def test_package_layout(repo, package):
             "torchrun",
         },
         "telemetry": {
-            *("__init__", "compare", "console", "metrics", "profiling", "timing", "tracking"),
+            *("__init__", "compare", "console", "health", "metrics", "profiling", "timing"),
+            "tracking",
         },
         "training": {"__init__", "baselines", "build", "loop", "start", "step"},
     }

@@ -259,6 +259,9 @@ if [[ ${requeue} == 1 ]]; then
 fi
 if [[ ${status} -ne 0 && ${own} == 1 ]]; then
     echo "error: your command failed (exit status ${status}; its lines above say why). Not requeued." >&2
+elif [[ ${status} -eq 4 ]]; then
+    echo "error: training diverged (exit status 4: a NaN or inf loss or gradient norm; the ERROR" \
+        "line above names the step and the last good checkpoint). Not requeued." >&2
 elif [[ ${status} -ne 0 ]]; then
     echo "error: training failed (exit status ${status}; the first ERROR lines above say why:" \
         "a Python error, or a collective that timed out after dist_timeout_s because a rank hung)." \

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import chat  # noqa: E402
+from {{ cookiecutter.package_name }}.data.batches import SampleStream  # noqa: E402
 from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset.chat import write_chat_dataset  # noqa: E402
 from {{ cookiecutter.package_name }}.models import gpt, hf  # noqa: E402
@@ -397,6 +398,14 @@ def test_a_tiny_gpt_learns_to_reverse_the_prompt(tokenizer_dir, tmp_path, single
     # Chance on the 4 letters is ln 4 = 1.39 a token; knowing the letters but not their order
     # still costs ~0.85 per answer token (3 letters, then the easy end of the turn).
     assert evaluation["eval_loss"] < 0.25, evaluation
+    # tokens seen: the windows' real tokens (padding excluded), counted from the dataset's files
+    # over the windows the sample stream gave: 120 steps of 16 windows
+    lengths = np.fromfile(data / "train-lengths.bin", "<u4").astype(np.int64)
+    per_window = [int(lengths[a:b].sum()) for a, b in chat.pack(lengths, 64)]
+    read = SampleStream(len(per_window), 1234).take(0, 120 * 16)[0]  # seed: its default
+    seen = sum(per_window[i] for i in read)
+    (last,) = [r for r in read_records(run_dir) if r["kind"] == "train" and r["step"] == 120]
+    assert last["tokens_seen"] == seen < 120 * 16 * 64  # the windows' slots: 11 % more here
     capsys.readouterr()
     assert main(["evaluate", f"run_dir={run_dir}"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -44,6 +44,8 @@ def test_benchmark_prints_one_json_line(single_process, capsys):
     assert result["dataset"] == "synthetic" and "in-memory tokens" in result["inline_baseline"]
     # one round (a block of each loop); the ratios are of this process's CPU time per step
     assert result["clock"] == "process CPU time" and 0 < result["cpu_share"] <= 1.05
+    # the package's step includes the non-finite check's part (TINY: log_every=1)
+    assert result["non_finite_check"] == "loss and gradient norm, read every 1 steps"
     blocks = result["blocks"]
     assert sorted(blocks) == ["bare", "inline", "train"] and len(blocks["train"]) == 1
     assert result["ratio"] == pytest.approx(blocks["train"][0] / blocks["bare"][0])

@@ -29,9 +29,14 @@ def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, mon
     info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
     evals = [m for m in info if m.startswith("eval step")]
     # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
-    eval_line = r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\), 2.56k tokens seen"
-    assert re.fullmatch(eval_line, evals[0])
-    assert evals[1].endswith("5.12k tokens seen") and len(evals) == 2
+    # the held-out tokens scored (eval_batches=2 of 4 windows of 32, less the overlap), then
+    # the tokens trained on
+    eval_line = (
+        r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\) over [0-9]+ held-out tokens; "
+        r"2.56k tokens trained on"
+    )
+    assert re.fullmatch(eval_line, evals[0]), evals[0]
+    assert evals[1].endswith("5.12k tokens trained on") and len(evals) == 2
     losses = [float(m.split("loss ")[1].split()[0]) for m in evals]
     (summary,) = [m for m in info if m.startswith("training finished at step 20")]
     assert ", 20 steps in " in summary and " tokens/s overall" in summary

@@ -5,6 +5,9 @@ Each interrupted run must end with model, optimizer, schedule and RNG state bit-
 uninterrupted reference run (same seeds, same world size; gloo on CPU is deterministic).
 """
 
+import hashlib
+import re
+import shutil
 import signal
 
 import pytest
@@ -25,6 +28,32 @@ def test_reference_run_finished(reference_run):
     assert (reference_run / "config.toml").exists()
     assert not (reference_run / "REQUEUE").exists()
     assert not (reference_run / "LOCK").exists()  # released at the end
+
+
+def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(reference_run, tmp_path):
+    """The reference run continued at lr 1000 (force_resume): a NaN or inf within a few steps,
+    found at the next log step (every step in TINY); both ranks exit 4, rank 0 says it in one
+    line, and the step-80 checkpoint is byte for byte what it was, with none after it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    last = run_dir / "checkpoints" / f"step-{FINAL:08d}"
+
+    def digest() -> dict[str, str]:
+        files = sorted(p for p in last.rglob("*") if p.is_file())
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+    before = digest()
+    extra = ["max_steps=100", "lr=1000", "force_resume=true", "dropout=0"]
+    ranks = train_ranks(run_dir, tmp_path / "logs", extra)
+    assert ranks.wait() == [4, 4], ranks.log(0)[-3000:]
+    (line,) = [line for line in ranks.log(0).splitlines() if " ERROR " in line]
+    pattern = r"diverged: (gradient norm|loss) (nan|inf) at step (\d+) \((ranks?) [0-9, ]+\)"
+    found = re.search(pattern + r"; stopped at step (\d+) with no checkpoint of it", line)
+    assert found and int(found[3]) > FINAL and found[3] == found[5], line
+    assert f"its checkpoint of step {FINAL}" in line
+    assert " ERROR " not in ranks.log(1) and "Traceback" not in ranks.log(0) + ranks.log(1)
+    assert checkpoint_steps(run_dir) == [60, 70, FINAL] and digest() == before
+    assert not (run_dir / "REQUEUE").exists()
 
 
 def kill_mid_run_then_resume(reference, tmp_path, extra=()):

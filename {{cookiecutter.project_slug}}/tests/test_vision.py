@@ -73,7 +73,7 @@ def stand_in_splits(cfg, spec):
         class_names=CLASS_NAMES,
         details={"image_size": SIZE},
     )
-    return info_module.Splits(train=RandomImages(64, 0), val=RandomImages(16, 1), info=info)
+    return info_module.Splits(train=RandomImages(64, 0), val=RandomImages(2, 1), info=info)
 
 
 @pytest.fixture
@@ -158,6 +158,19 @@ def test_fsdp_shards_each_block_as_a_unit(tmp_path):
         assert isinstance(model, FSDPModule) and not isinstance(model.fc, FSDPModule)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_resnet_trains_and_reports_images_per_second(tmp_path, images, capfd):
+    run_dir = tmp_path / "run"
+    assert main(["train", *TINY_VISION, f"run_dir={run_dir}"]) == 0
+    # the 2 held-out images scored (not the 8 slots of an evaluation batch), 4 steps of 8 read
+    assert "over 2 held-out images; 32 images trained on" in capfd.readouterr().err
+    assert checkpoint_steps(run_dir) == [4]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    (evaluation,) = [r for r in records if r["kind"] == "eval"]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
+    assert "images_per_s" in train[-1] and 0 <= evaluation["eval_acc"] <= 1
 
 
 def torchvision_file(tmp_path, name: str = "resnet18", classes: int = 10):

@@ -2,7 +2,8 @@
 (the table of commands is commands.py) and the error boundary every command runs inside.
 
 Exit status: 0 done, 3 stopped to be requeued (checkpoint written), 2 configuration or usage
-error (a file name too long included), 1 any other failure (including a run directory held by
+error (a file name too long included), 4 training diverged (a NaN or inf loss or gradient norm:
+no checkpoint of it, not requeued), 1 any other failure (including a run directory held by
 another live job), 128 + the signal's number when a signal stopped a command before training's
 own handlers took over.
 """
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     except loaded("data.directory.DatasetError") as err:
         print(f"{PROG} {name}: dataset error: {err}", file=sys.stderr)
         return 2
+    except loaded("telemetry.health.NonFinite") as err:  # a diverged run: not requeued
+        if err.shown:  # rank 0's line; the other ranks exit with the same status
+            log.error("%s", err)
+        return err.exit_code  # 4
     except (RunDirError, TrackerError, *loaded("distributed.LaunchError")) as err:
         print(f"{PROG} {name}: error: {err}", file=sys.stderr)
         return 1

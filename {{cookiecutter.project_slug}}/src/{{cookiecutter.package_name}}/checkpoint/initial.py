@@ -11,7 +11,8 @@ run directory into the run's own sharded tensors; a Hugging Face directory is re
 tensor, each rank its rows. With the model built on the meta device (train.build), no rank
 holds the whole model or the whole checkpoint at any time. Names and shapes are compared
 first: a source that is not the configured model is refused naming the first tensor (or
-setting) that differs.
+setting) that differs; weights holding a NaN or inf are refused naming the tensor, whatever the
+source (the LoRA base, hf_model, included).
 
 A source is read once (`open_initial`, which start.py's `open_start` calls before the run
 directory is touched): a Hugging Face directory's config.json, weight files and tensor headers,
@@ -115,8 +116,31 @@ def load_initial_weights(
         loaded = _from_weights_file(model, spec, cfg, info, source)
     else:
         loaded = _from_run_dir(model, cfg, info, source)
+    refuse_non_finite(model, cfg, spec)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes
     return loaded, {"model_gib": weights / 2**30, "peak_rss_gib": peak_resident_gib()}
+
+
+def refuse_non_finite(model: torch.nn.Module, cfg, spec) -> None:
+    """Weights with a NaN or inf (a diverged run's, a broken file) are refused naming the first
+    such tensor: trained on, every loss would be NaN. Collective: each rank checks its part
+    (FSDP2: its shards) and every rank learns the first name any found."""
+    bad = None
+    for name, tensor in get_model_state_dict(model).items():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            bad = f"{name} holds {'NaN' if bool(local.isnan().any()) else 'inf'}"
+            break
+    if dist.is_initialized():
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, bad)
+        bad = next((item for item in found if item), None)
+    if bad:
+        which = "init_from" if cfg.init_from else "hf_model"
+        raise ConfigError(
+            f"{which}={initial_source(cfg, spec)}: tensor {bad}: weights that are not finite "
+            "would make every loss NaN; refused"
+        )
 
 
 def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:

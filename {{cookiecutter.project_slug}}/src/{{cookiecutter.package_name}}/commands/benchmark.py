@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -85,9 +86,19 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         inline = inline_loop(run) if run.source.info.kind == "tokens" else None
         baseline = plain_loop(run, workers) if decoded else bare_loop(run, next(inputs))
 
+        kept: list[torch.Tensor] = []  # the non-finite check's values since its last read
+
         def package_step():
-            train_step(run, inputs)
+            loss = train_step(run, inputs)
             run.state.step += 1
+            # the check's part of a training step (telemetry/health.py): the loss and gradient
+            # norm kept on the device, read every log_every steps (where training reads them
+            # with the log line's own values: here a read of its own, an upper bound)
+            kept.extend([loss] if run.grad_norm is None else [loss, run.grad_norm])
+            if run.state.step % cfg.log_every == 0:
+                if not math.isfinite(torch.stack(kept).sum().item()):
+                    raise RuntimeError(f"benchmark: a NaN or inf by step {run.state.step}")
+                kept.clear()
 
         loops = [package_step, baseline.step] + ([inline.step] if inline else [])
         for step in loops:
@@ -140,6 +151,8 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         "data_wait_fraction": wait / (sum(ours) * block),
         **inline_figures(inline, times[2:], clocked, per_step, units),
         "clock": "process CPU time" if by_cpu else "wall",
+        # in the package's step: each step's loss (and clipped norm) kept, read every log_every
+        "non_finite_check": f"loss and gradient norm, read every {cfg.log_every} steps",
         "blocks": dict(zip(["train", other, "inline"][: len(loops)], clocked, strict=True)),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
         **run.memory,  # host memory before the build and, when weights were loaded, after

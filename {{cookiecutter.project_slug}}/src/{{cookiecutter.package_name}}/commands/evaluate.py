@@ -145,8 +145,10 @@ def load_weights(cfg: Config, run, env, start: Start) -> dict:
         raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
     trained = recorded_data_info(Path(cfg.run_dir)) if env.is_main else None
     check_same_tokens(cfg, distributed.broadcast_object(trained), run.source.info)
+    parts = run.checkpoint_parts()
+    del parts["rng"]  # training's random states: nothing here draws (nor warns of reseeding)
     manager = checkpoint.CheckpointManager(
-        RunDir(cfg.run_dir).checkpoints, run.checkpoint_parts(), keep=cfg.keep_checkpoints
+        RunDir(cfg.run_dir).checkpoints, parts, keep=cfg.keep_checkpoints
     )
     step, _, _ = load_start(start, run.model, run.spec, cfg, run.source.info, manager)
     if step is None:

@@ -242,11 +242,27 @@ class StepBatches:
         self.data, self.cfg, self.rank, self.world = data, cfg, rank, world
         self.start_step, self.start_samples = start_step, samples_seen
         self.stream = None if data.draw else SampleStream(len(data.train), cfg.seed)
+        self._units: tuple | None = None  # the training split's own counts (units_seen)
 
     def samples_seen(self, step: int) -> int:
         """Samples all ranks have consumed before `step` (the data position a checkpoint saves)."""
         per_step = self.cfg.batch_size * self.cfg.grad_accum_steps * self.world
         return self.start_samples + (step - self.start_step) * per_step
+
+    def units_seen(self, samples: int, per_sample: int) -> int:
+        """What the first `samples` samples of the stream hold, padding excluded: a split with
+        `units` (each sample's own count: a chat window's tokens that are not padding) adds
+        those of the samples the stream gave; any other sample counts `per_sample` (a token
+        window's tokens, one image)."""
+        if self._units is None:  # counted once: (each sample's, the split's total) or ()
+            units = getattr(self.data.train, "units", None) if self.stream else None
+            self._units = () if units is None else (np.asarray(units), int(np.sum(units)))
+        if not self._units:
+            return samples * per_sample
+        units, total = self._units
+        epochs, rest = divmod(samples, len(units))
+        indices = self.stream.take(epochs * len(units), rest)[0] if rest else []
+        return epochs * total + int(units[indices].sum())
 
     def batch(self, step: int, micro: int):
         cfg, data = self.cfg, self.data

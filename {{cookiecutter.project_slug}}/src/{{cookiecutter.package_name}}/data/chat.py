@@ -107,6 +107,11 @@ class ChatSplit(Dataset):
         return len(self.ranges)
 
     @property
+    def units(self) -> np.ndarray:
+        """Each window's tokens that are not padding (the tokens seen that the log counts)."""
+        return self.offsets[self.ranges[:, 1]] - self.offsets[self.ranges[:, 0]]
+
+    @property
     def scoreable(self) -> int:
         """The answer tokens the windows score (evaluate's count): in each conversation, the
         masked tokens after its first (the first has nothing before it to predict it)."""

@@ -63,10 +63,12 @@ class Console:
         flops_per_step: float,
         units_per_sample: int,
         start_step: int,
+        units_seen=None,  # samples -> what they hold, padding excluded (batches.py)
     ):
         self.cfg, self.is_main, self.device = cfg, is_main, device
         self.flops_per_step = flops_per_step
         self.units_per_sample = units_per_sample  # tokens per window (language models), or 1
+        self.units_seen = units_seen or (lambda samples: samples * units_per_sample)
         self.spec = spec_of(cfg)
         self.unit = self.spec.task.unit  # "tokens" or "samples"
         self.start_step, self.start_samples = start_step, None
@@ -137,19 +139,22 @@ class Console:
                 round(math.exp(chance)),
             )
 
-    def evaluated(self, step: int, result: dict, samples_seen: int) -> None:
-        """One line per evaluation: the held-out loss, the task's other figures, data seen."""
+    def evaluated(self, step: int, result: dict, samples_seen: int, scored: float) -> None:
+        """One line per evaluation: the held-out loss and the task's other figures over what
+        it scored (`scored`: samples, or a language model's target tokens), data trained on."""
         self.evals.append((step, result["eval_loss"]))
         if not self.is_main:
             return
         figures = [describe(name, v) for name, v in result.items() if name != "eval_loss"]
         log.info(
-            "eval step %d/%d: loss %.4f%s, %s %s seen",
+            "eval step %d/%d: loss %.4f%s over %s held-out %s; %s %s trained on",
             step,
             self.cfg.max_steps,
             result["eval_loss"],
             f" ({', '.join(figures)})" if figures else "",
-            count(samples_seen * self.units_per_sample),
+            count(scored),
+            self.unit,
+            count(self.units_seen(samples_seen)),
             self.unit,
         )
 
@@ -169,7 +174,7 @@ class Console:
 
     def trained(self, step: int, samples_seen: int, checkpoint, stopped: str) -> str:
         elapsed = time.perf_counter() - self.started
-        done = (samples_seen - (self.start_samples or 0)) * self.units_per_sample
+        done = self.units_seen(samples_seen) - self.units_seen(self.start_samples or 0)
         if self.evals:
             best_step, best = min(self.evals, key=lambda e: e[1])
             last_step, last = self.evals[-1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from .. import distributed
 from ..config_keys import key, optional_import
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir, reported
-from . import tracking
+from . import health, tracking
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -93,14 +94,18 @@ class Metrics:
         flops_per_step: float,
         units_per_step: int,
         start_step: int,
+        units_seen=None,  # step -> units all ranks read before it, padding excluded (batches.py)
     ):
-        self.path = RunDir.of(run_dir).metrics
+        self.path, self.run_dir = RunDir.of(run_dir).metrics, run_dir
         self.is_main, self.world, self.cfg = env.is_main, env.world_size, cfg
         self.device = torch.device("cpu")
         self.flops_per_step = flops_per_step
         self.task, self.unit = task, task.unit
-        self.units_per_step = units_per_step  # per rank
+        self.units_per_step = units_per_step  # per rank, padding included
+        self.units_seen = units_seen or (lambda step: step * units_per_step * env.world_size)
         self.losses: list[torch.Tensor] = []  # since the last log, summed there
+        self.norms: list[torch.Tensor] = []  # the steps' clipped gradient norms, likewise
+        self.saved_step = start_step  # the newest checkpoint's step (0: none)
         self._wait_seen = 0.0
         self.tracker = tracking.open_tracker(
             cfg.tracker,
@@ -129,12 +134,15 @@ class Metrics:
         """Exclude what just happened (eval, checkpoint) from the step-time measurement."""
         self.window_start, self.window_steps, self.window_wait = time.perf_counter(), 0, 0.0
 
-    def update(self, loss: torch.Tensor, inputs) -> None:
-        """After each step: the loss (a device tensor) and the input pipeline's wait so far.
-        Kept, not added: no device operation per step (the addition cost 10 µs of a tiny GPT's
-        CPU step; the losses are summed at `log`)."""
+    def update(self, loss: torch.Tensor, inputs, grad_norm: torch.Tensor | None = None) -> None:
+        """After each step: the loss (a device tensor), the clipped gradient norm (None: not
+        clipped) and the input pipeline's wait so far. Kept, not added: no device operation
+        per step (the addition cost 10 µs of a tiny GPT's CPU step; the losses are summed at
+        `log`, where a non-finite one stops the run: health.py)."""
         self.device = loss.device
         self.losses.append(loss)
+        if grad_norm is not None:
+            self.norms.append(health.local_value(grad_norm))
         self.window_steps += 1
         self.window_wait += inputs.wait_s - self._wait_seen
         self._wait_seen = inputs.wait_s
@@ -145,14 +153,20 @@ class Metrics:
             [
                 torch.stack(self.losses).sum().float(),
                 torch.tensor(self.window_wait, device=self.device),
+                self._norms_sum(),
             ]
         )
         distributed.all_reduce(totals)
-        loss, wait = (totals / self.world).tolist()  # one host sync per log, not per step
+        loss, wait, norms = (totals / self.world).tolist()  # one host sync per log, not per step
+        if not (math.isfinite(loss) and math.isfinite(norms)):
+            self._stop(step, None)
         loss /= len(self.losses)
         elapsed = time.perf_counter() - self.window_start
         step_time = elapsed / max(self.window_steps, 1)
-        per_s = self.units_per_step * self.world / step_time
+        # real data: the units read since the window began, padding excluded (chat windows)
+        real = self.units_seen(step) - self.units_seen(step - self.window_steps)
+        per_s = real / max(elapsed, 1e-9)
+        real_share = real / max(self.units_per_step * self.world * self.window_steps, 1)
         record = {
             "kind": "train",
             "step": step,
@@ -161,6 +175,7 @@ class Metrics:
             "step_time_s": step_time,
             "data_wait_s": wait / max(self.window_steps, 1),
             "data_wait_fraction": wait / max(self.window_steps, 1) / step_time,
+            f"{self.unit}_seen": self.units_seen(step),  # all ranks', padding excluded
             f"{self.unit}_per_s": per_s,
             f"{self.unit}_per_s_per_rank": per_s / self.world,
             "tflops_per_rank": self.flops_per_step / step_time / 1e12,
@@ -170,8 +185,9 @@ class Metrics:
         }
         record.update(self.task.train_metrics(loss))
         if self.device.type == "cuda":  # MFU against the GPU's peak; meaningless on CPU
-            record["mfu"] = self.flops_per_step / step_time / (self.cfg.peak_tflops * 1e12)
-        self.losses = []
+            model_flops = self.flops_per_step * real_share  # the padding's are not the model's
+            record["mfu"] = model_flops / step_time / (self.cfg.peak_tflops * 1e12)
+        self.losses, self.norms = [], []
         self.restart_clock()
         if self.is_main:
             mfu = f" | mfu {record['mfu']:.1%}" if "mfu" in record else ""
@@ -193,6 +209,35 @@ class Metrics:
             )
         self.write(record)
         return record
+
+    def _norms_sum(self) -> torch.Tensor:
+        if not self.norms:
+            return torch.zeros((), device=self.device)
+        return torch.stack(self.norms).sum().float()
+
+    def check_finite(self, step: int, model: torch.nn.Module) -> None:
+        """Before a checkpoint of step `step` (collective): the losses and norms since the last
+        log, and the model's parameters, finite on every rank, or NonFinite is raised."""
+        values = [self._norms_sum(), health.parameters_sum(model).to(self.device)]
+        if self.losses:
+            values.append(torch.stack(self.losses).sum().float())
+        totals = distributed.all_reduce(torch.stack(values))
+        if not all(math.isfinite(value) for value in totals.tolist()):
+            self._stop(step, model)
+        self.saved_step = step  # the checkpoint that follows holds a good state
+
+    def _stop(self, step: int, model: torch.nn.Module | None) -> None:
+        """A check failed: name the first bad step and rank (health.stop) and raise."""
+        steps = range(step - len(self.losses) + 1, step + 1)
+        found = health.first_bad("loss", steps, self.losses)
+        if self.norms:  # one per step, or none (no clipping)
+            found += health.first_bad("gradient norm", steps, self.norms)
+        self.write({"kind": "non-finite", "step": step, "found": [list(item) for item in found]})
+        last = "no checkpoint was written before it"
+        if self.saved_step:
+            path = RunDir.of(self.run_dir).checkpoints
+            last = f"the last good state is its checkpoint of step {self.saved_step} in {path}"
+        health.stop(step, found, model, last, self.is_main)
 
     def write(self, record: dict) -> None:
         if self.is_main:

@@ -46,6 +46,7 @@ class Run:
     np_rng: np.random.Generator  # per-rank numpy RNG for your own augmentations
     flops_per_step: float  # per rank
     memory: dict = dataclasses.field(default_factory=dict)  # host memory around the build, GiB
+    grad_norm: torch.Tensor | None = None  # the last step's clipped gradient norm (step.py)
 
     def autocast(self):
         if self.autocast_dtype is None:

@@ -1,6 +1,7 @@
 """The training loop. `train(cfg)` starts a run, or resumes it from the newest checkpoint in
 `cfg.run_dir`: the same command does both. Returns the process exit status: 0 finished, 3
-(REQUEUE_EXIT_CODE) stopped early with a checkpoint (signal or job end time near). The run is
+(REQUEUE_EXIT_CODE) stopped early with a checkpoint (signal or job end time near); a NaN or inf
+loss raises telemetry.health.NonFinite (exit status 4, no checkpoint). The run is
 built by build.py, started by start.py and stepped by step.py.
 """
 
@@ -131,14 +132,29 @@ def run_training(
     )
     per_sample = run.spec.units_per_sample(cfg)
     units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # in the task's unit
-    meter = metrics.Metrics(run_dir, env, cfg, run.spec.task, run.flops_per_step, units, start)
+
+    def units_seen(samples: int) -> int:  # tokens (not padding) or samples: what was read
+        return batches.units_seen(samples, per_sample)
+
+    meter = metrics.Metrics(
+        run_dir,
+        env,
+        cfg,
+        run.spec.task,
+        run.flops_per_step,
+        units,
+        start,
+        lambda step: units_seen(batches.samples_seen(step)),
+    )
     log.info(
         "%s, %.3g GFLOP per step and rank; checkpoints %s",
         run.spec.label(cfg),
         run.flops_per_step / 1e9,
         schedule.describe(),
     )
-    report = console.Console(cfg, env.is_main, device, run.flops_per_step, per_sample, start)
+    report = console.Console(
+        cfg, env.is_main, device, run.flops_per_step, per_sample, start, units_seen
+    )
     report.start(run.state.samples_seen)
     profiler = StepProfiler(cfg.profile_steps, cfg.profile_memory, env.rank, device, run_dir)
     try:
@@ -149,18 +165,20 @@ def run_training(
                 report.first_loss(loss.item(), run.spec.task.chance_loss(run.source.info))
             run.state.step = step
             run.state.samples_seen = batches.samples_seen(step)
-            meter.update(loss, inputs)
+            meter.update(loss, inputs, run.grad_norm)  # a NaN or inf stops the run at a log
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 meter.log(step, run.scheduler.get_last_lr()[0])
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
             if cfg.eval_every and step % cfg.eval_every == 0:
-                result = run.spec.task.report(evaluate(run, eval_set))
+                sums = evaluate(run, eval_set)
+                result = run.spec.task.report(sums)
                 meter.write({"kind": "eval", "step": step, **result})
-                report.evaluated(step, result, run.state.samples_seen)
+                report.evaluated(step, result, run.state.samples_seen, sums["count"])
                 meter.restart_clock()
             decision = policy.poll(step)
             if decision.save:
+                meter.check_finite(step, run.model)  # never a checkpoint of a diverged state
                 schedule.record_save(ckpt.save(step).stall_s)
                 meter.restart_clock()
                 policy.restart_clock(step)

@@ -23,7 +23,8 @@ from .build import Run
 def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
     """One optimizer step over `grad_accum_steps` micro-batches. Returns what this rank
     back-propagated, summed (a device tensor: reading it would synchronise); averaged over the
-    ranks, as the metrics do, it is the global batch's mean loss."""
+    ranks, as the metrics do, it is the global batch's mean loss. The clipped gradient norm is
+    left in `run.grad_norm` (a device tensor; None without clipping)."""
     task, accum = run.spec.task, run.cfg.grad_accum_steps
     batches = [next(inputs) for _ in range(accum)]
     scale = per_target_scale([task.count(batch) for batch in batches])
@@ -38,7 +39,9 @@ def train_step(run: Run, inputs: Prefetcher) -> torch.Tensor:
         total = loss.detach() if total is None else total + loss.detach()
     if run.cfg.grad_clip > 0:
         run.scaler.unscale_(run.optimizer)
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+        # checked with the loss (telemetry/health.py); fp16's GradScaler skips inf steps itself
+        run.grad_norm = None if run.scaler.is_enabled() else norm
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
