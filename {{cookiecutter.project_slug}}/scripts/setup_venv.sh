@@ -123,6 +123,9 @@ for name in ("torch", "torchvision"):
             if name == "torch":
                 raise
 PY
+# The venv's own pip.conf keeps these pins for every later `pip install` in it (an extra such as
+# '.[timm]' included), not only this one.
+printf '[global]\nconstraint = %s\n' "${PWD}/${venv}/torch-constraint.txt" > "${venv}/pip.conf"
 # Your program's packages (after --) in the same pip call: resolved together, under the same pin.
 if ! "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" \
     --editable '.[dev]' "${extra[@]}"; then
