@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..config_keys import ConfigError, optional_import
+from ..data.preprocessing import export_fields
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from . import lora
@@ -108,8 +109,10 @@ def as_built(config: dict) -> dict:
 
 def reload_fields(config: dict) -> dict[str, str]:
     """What rebuilds the model without this package, as metadata strings: `model`, the model's
-    own keys (`vision_model`: torchvision.models.get_model's name), and a classifier's
-    `num_classes` and `class_names` (a JSON list, in label order)."""
+    own keys (`vision_model`: torchvision.models.get_model's name; `timm_model`:
+    timm.create_model's), a classifier's `num_classes` and `class_names` (a JSON list, in label
+    order), and an image model's evaluation transform (data/preprocessing.py: `image_size`,
+    `resize_size`, `crop`, `interpolation`, `mean`, `std`)."""
     fields: dict[str, str] = {}
     model = config.get("model")
     if isinstance(model, str):
@@ -121,6 +124,8 @@ def reload_fields(config: dict) -> dict[str, str]:
     if isinstance(info, dict) and info.get("num_classes"):
         fields["num_classes"] = str(info["num_classes"])
         fields["class_names"] = json.dumps(list(info.get("class_names") or ()))
+    if isinstance(info, dict) and isinstance(info.get("details"), dict):
+        fields |= export_fields(info["details"])
     return fields
 
 

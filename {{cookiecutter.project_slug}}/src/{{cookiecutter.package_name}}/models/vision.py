@@ -1,7 +1,7 @@
 """`model=vision`: any torchvision classification model, by name (`vision_model=resnet50`,
 `resnet18`, `vit_b_16`, `convnext_tiny`, ...), for the classes of an images dataset
 (data/images.py: (3, image_size, image_size) float tensors normalised with ImageNet's mean and
-std, int64 labels).
+std, int64 labels; image_size=0: 224).
 
 The model is torchvision's own module, unwrapped: its state-dict names are torchvision's, so
 `init_from=` a torchvision weights file (`.pth`, fetched on a login node) loads it by name, with
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..config_keys import ConfigError, first_line, key, optional_import
+from ..data.preprocessing import TORCHVISION_SIZE
 from ..parallel import parameters_on_meta
 from . import spec
 
@@ -65,7 +66,7 @@ def check(cfg) -> None:
         raise ConfigError(
             f"config key 'vision_model': torchvision has no classification model {name!r}; {hint}"
         )
-    probe_image_size(name, cfg.image_size)
+    probe_image_size(name, cfg.image_size or TORCHVISION_SIZE)
 
 
 def probe_image_size(name: str, size: int) -> None:
