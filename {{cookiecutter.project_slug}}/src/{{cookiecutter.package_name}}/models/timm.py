@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from ..config_keys import ConfigError, first_line, key, optional_import
-from ..parallel import parameters_on_meta
 from . import spec, vision
 
 if TYPE_CHECKING:
@@ -132,13 +131,11 @@ def build(cfg, info: DataInfo) -> nn.Module:
 
 def head(cfg, info: DataInfo) -> set[str]:
     """The classifier head's tensors (`fc.*` of a ResNet, `head.fc.*` of a ConvNeXt, `head.*` of
-    a ViT): those whose shape follows the number of classes, found as models/vision.py does."""
-    shapes = []
-    for classes in (info.num_classes, info.num_classes + 1):
-        with parameters_on_meta():
-            built = create(cfg.timm.timm_model, classes, image_size(cfg, info))
-        shapes.append({name: t.shape for name, t in built.state_dict().items()})
-    return {name for name, shape in shapes[0].items() if shapes[1][name] != shape}
+    a ViT): those whose shape follows the number of classes."""
+    size = image_size(cfg, info)
+    return vision.following_classes(
+        lambda classes: create(cfg.timm.timm_model, classes, size), info.num_classes
+    )
 
 
 def items(container: nn.Module) -> list[nn.Module]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,13 +131,20 @@ def build(cfg, info: DataInfo) -> nn.Module:
 
 
 def head(cfg, info: DataInfo) -> set[str]:
-    """The names of the classifier head's tensors: those whose shape follows the number of
-    classes (fc.* of a ResNet, heads.head.* of a ViT), found by building the model for two
-    numbers of classes with its parameters on the meta device (shapes, no memory)."""
+    """The names of the classifier head's tensors (fc.* of a ResNet, heads.head.* of a ViT)."""
+    return following_classes(
+        lambda classes: torchvision_model(cfg.vision.vision_model, classes, info), info.num_classes
+    )
+
+
+def following_classes(build_for: Callable[[int], nn.Module], classes: int) -> set[str]:
+    """The tensors whose shape follows the number of classes, found by building the model
+    (`build_for(classes)`) for two numbers of classes with its parameters on the meta device
+    (shapes, no memory)."""
     shapes = []
-    for classes in (info.num_classes, info.num_classes + 1):
+    for count in (classes, classes + 1):
         with parameters_on_meta():
-            built = torchvision_model(cfg.vision.vision_model, classes, info)
+            built = build_for(count)
         shapes.append({name: t.shape for name, t in built.state_dict().items()})
     return {name for name, shape in shapes[0].items() if shapes[1][name] != shape}
 
