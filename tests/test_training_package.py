@@ -57,6 +57,7 @@ def test_package_layout(repo, package):
             "kinds",
             "plain_loader",
             "prefetch",
+            "preprocessing",
             "tokenizer",
             "tokens",
             "windows",
@@ -66,7 +67,7 @@ def test_package_layout(repo, package):
             *("__init__", "arrays", "benchmark", "chat", "chat_template", "hf_datasets"),
             *("images", "sources", "text_files", "tokenizer", "tokens"),
         },
-        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision"},
+        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision", "timm"},
         "run": {
             *("__init__", "atomic", "interrupts", "lock", "preemption", "program", "rundir"),
             "torchrun",
