@@ -173,7 +173,7 @@ DEPENDENCY_MODULES = frozenset({
     "pre_commit", "psutil", "py", "pyarrow", "pydantic", "pydantic_core", "pygments", "pylab",
     "pyparsing", "pytest", "python_discovery", "regex", "requests", "rich", "safetensors",
     "setuptools", "shellingham", "six", "sniffio", "sympy", "tensorboard",
-    "tensorboard_data_server", "tokenizers", "torch", "torchgen", "torchvision", "tqdm",
+    "tensorboard_data_server", "timm", "tokenizers", "torch", "torchgen", "torchvision", "tqdm",
     "transformers", "truststore", "typer", "typing_extensions", "typing_inspection", "urllib3",
     "virtualenv", "wandb", "werkzeug", "xxhash", "yaml",
 })

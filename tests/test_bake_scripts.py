@@ -78,6 +78,10 @@ def test_setup_venv_layers_on_the_environment(bake, tmp_path):
     assert constraint.startswith("torch==")
     if importlib.util.find_spec("torchvision"):  # the environment's torchvision is pinned too
         assert f"torchvision=={metadata.version('torchvision')}" in constraint.splitlines()
+    # for every later pip install in the venv too (`pip install -e '.[timm]'`): its own pip.conf
+    pip = [str(venv / "bin/python"), "-m", "pip"]
+    pinned = run([*pip, "config", "get", "global.constraint"], cwd=work)
+    assert pinned.stdout.strip() == (venv / "torch-constraint.txt").resolve().as_uri()
     out = subprocess.run(
         [
             str(venv / "bin/python"),

@@ -57,6 +57,7 @@ def test_package_layout(repo, package):
             "kinds",
             "plain_loader",
             "prefetch",
+            "preprocessing",
             "tokenizer",
             "tokens",
             "windows",
@@ -67,7 +68,7 @@ def test_package_layout(repo, package):
             *("hf_datasets", "image_check", "images", "sources", "text_files", "tokenizer"),
             "tokens",
         },
-        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision"},
+        "models": {"__init__", "spec", "gpt", "gpt_hf", "hf", "lora", "mlp", "vision", "timm"},
         "run": {
             *("__init__", "atomic", "interrupts", "lock", "preemption", "program", "rundir"),
             "torchrun",

@@ -123,6 +123,16 @@ for name in ("torch", "torchvision"):
             if name == "torch":
                 raise
 PY
+# The venv's own pip.conf keeps these pins for every later `pip install` in it (an extra such as
+# '.[timm]' included), not only this one. As a file: URL, percent-encoded: pip splits a
+# config value at whitespace, and the project's path may hold a space.
+"${venv}/bin/python" - "${venv}" > "${venv}/pip.conf" <<'PY'
+import pathlib
+import sys
+
+constraint = (pathlib.Path(sys.argv[1]) / "torch-constraint.txt").resolve().as_uri()
+print(f"[global]\nconstraint = {constraint}")
+PY
 # Your program's packages (after --) in the same pip call: resolved together, under the same pin.
 if ! "${venv}/bin/python" -m pip install --quiet -c "${venv}/torch-constraint.txt" \
     --editable '.[dev]' "${extra[@]}"; then

@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config.settings import load_config  # noqa: E402
 from {{ cookiecutter.package_name }}.data import plain_loader  # noqa: E402
 from {{ cookiecutter.package_name }}.data.kinds import open_splits  # noqa: E402
+from {{ cookiecutter.package_name }}.data.preprocessing import recorded  # noqa: E402
 from {{ cookiecutter.package_name }}.models import spec_of  # noqa: E402
 
 
@@ -75,8 +76,9 @@ def test_the_plain_loop_reads_the_packages_images_with_the_same_labels(packed):
     """The plain Dataset decodes record i into the image and label the images kind gives for
     it (torch's generator, which draws the random crop and flip, seeded alike for both)."""
     cfg = load_config(None, vision_args(packed)).config
-    package_split = open_splits(cfg, spec_of(cfg)).train
-    plain = plain_loader.PackedImagesPlainly(packed, cfg.image_size)
+    package = open_splits(cfg, spec_of(cfg))
+    package_split = package.train
+    plain = plain_loader.PackedImagesPlainly(packed, recorded(package.info.details))
     assert len(plain) == len(package_split)
     for index in (0, len(plain) - 1):
         torch.manual_seed(index)

@@ -233,7 +233,7 @@ def test_config_is_its_sections_and_the_models_keys():
     assert sorted(general) == sorted(k.name for k in GENERAL_KEYS)
     kinds = set(settings.KIND_KEYS)  # a dataset kind's own keys, flat: cfg.image_size
     assert kinds >= {"image_size"} and kinds <= {f.name for f in dataclasses.fields(Config)}
-    assert Config().image_size == 224 and "image_size" not in general
+    assert Config().image_size == 0 and "image_size" not in general
     models = {
         f.name: f.type for f in dataclasses.fields(Config) if f.name not in [*general, *kinds]
     }

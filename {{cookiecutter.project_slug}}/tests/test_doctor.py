@@ -150,7 +150,7 @@ def torchvision(file="/usr/lib/torchvision/__init__.py", pin="2.13.0", ops=True,
 @pytest.mark.parametrize(
     ("found", "status", "text"),
     [
-        (None, OK, "not installed: only model=vision needs it"),
+        (None, OK, "not installed: only model=vision and model=timm need it"),
         (torchvision(), OK, "torchvision 0.28.0 from /usr/lib/torchvision"),
         (torchvision(pin="2.13.0+cpu"), OK, "from /usr/lib"),  # a local part is the same build
         (torchvision(pin=None), OK, "from /usr/lib"),  # an image's own build pins nothing

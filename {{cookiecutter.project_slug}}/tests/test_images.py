@@ -16,7 +16,7 @@ from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config_keys import ConfigError  # noqa: E402
-from {{ cookiecutter.package_name }}.data import batches, images, kinds  # noqa: E402
+from {{ cookiecutter.package_name }}.data import batches, images, kinds, preprocessing  # noqa: E402
 from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import image_check  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
@@ -234,13 +234,22 @@ def test_the_dataset_info_and_the_transforms(packed):
     data = open_splits(out, image_size=24)
     assert data.decodes and data.info.kind == "images"
     assert (data.info.num_classes, data.info.class_names) == (3, CLASSES)
-    assert data.info.details == {"image_size": 24}
+    assert data.info.details["image_size"] == 24
+    # the torchvision convention: resize to 24 * 256 / 224, bilinear, ImageNet's mean and std
+    assert data.info.details["preprocessing"] == {
+        "size": 24,
+        "resize": 27,
+        "crop": "center",
+        "interpolation": "bilinear",
+        "mean": list(preprocessing.IMAGENET_MEAN),
+        "std": list(preprocessing.IMAGENET_STD),
+    }
     assert data.info.fingerprint == index["fingerprint"]
     image, _ = data.val[0]
     assert image.shape == (3, 24, 24)
     # normalised with the ImageNet mean and std: uniform noise in [0, 1] has mean 0.5
-    mean = torch.tensor(images.IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(images.IMAGENET_STD).view(3, 1, 1)
+    mean = torch.tensor(preprocessing.IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(preprocessing.IMAGENET_STD).view(3, 1, 1)
     pixels = image * std + mean
     assert 0.0 <= float(pixels.min()) and float(pixels.max()) <= 1.0
     assert torch.equal(data.val[0][0], image)  # evaluation: no randomness
@@ -322,7 +331,7 @@ def test_synthetic_images_are_learnable_and_deterministic():
     )
     data = kinds.open_splits(setting, spec)
     assert (len(data.train), len(data.val), data.info.num_classes) == (40, 8, 4)
-    assert data.info.details == {"image_size": 16}
+    assert data.info.details["image_size"] == 16
     again = kinds.open_splits(setting, spec)
     first_epoch = np.zeros(8, np.int64)
     first = batches.read_samples(data.train, np.arange(8), first_epoch, 7, data.collate)

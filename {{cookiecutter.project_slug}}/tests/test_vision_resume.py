@@ -1,15 +1,25 @@
-"""model=vision end to end on 2 CPU ranks (gloo): an ImageFolder drawn here, packed by
-make-dataset --images, a torchvision ResNet-18 trained with 2 loader processes per rank and random
-augmentation (crop, flip), DDP and FSDP2. kill -9, then the same command resumes: the model
-(BatchNorm's running statistics included), optimizer, schedule and RNG states at the end are
-bit-identical to an uninterrupted run's. The run resumes from a checkpoint that no evaluation
-just preceded and replays one before the next. The images are learnable (noise tinted with the
-class's colour), so accuracy ends far above chance."""
+"""Image models end to end on 2 CPU ranks (gloo): an ImageFolder drawn here, packed by
+make-dataset --images (its validation images from their own folder, `--val`), trained with 2
+loader processes per rank and random augmentation (crop, flip): torchvision's ResNet-18 with DDP,
+timm's small test ResNet (batch norm) with DDP and its test ConvNeXt (`stages[i].blocks[j]` as
+units) with FSDP2. kill -9, then the same command resumes: the model (BatchNorm's running
+statistics included), optimizer, schedule and RNG states at the end are bit-identical to an
+uninterrupted run's. The run resumes from a checkpoint that no evaluation just preceded and
+replays one before the next. The images are learnable (noise tinted with the class's colour), so
+the ResNet-18's accuracy ends far above chance.
+
+Then docs/vision.md's snippet, as written, rebuilds the evaluation transform and the model from
+the exported file alone and scores the validation folder: `evaluate`'s accuracy and loss."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import re
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,16 +28,30 @@ from conftest import Ranks, assert_same_training_state, checkpoint_steps
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
+from {{ cookiecutter.package_name }}.checkpoint import export_model  # noqa: E402
+from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
 
 CLASSES = {"red": (1, 0, 0), "green": (0, 1, 0), "blue": (0, 0, 1), "yellow": (1, 1, 0)}
-FINAL = 24
+VISION_MD = Path(__file__).resolve().parents[1] / "docs" / "vision.md"
+NEEDS_TIMM = pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("timm"), reason="needs the [timm] extra"
+)
+# (parallelism, the model, its steps: final, kill at, checkpoint and evaluation every)
+CASES = [
+    pytest.param("ddp", ["model=vision", "vision_model=resnet18", "image_size=16"],
+                 (24, 11, 5, 12), id="ddp-torchvision"),
+    pytest.param("ddp", ["model=timm", "timm_model=test_resnet", "image_size=16"],
+                 (12, 7, 5, 6), id="ddp-timm", marks=NEEDS_TIMM),  # batch norm
+    pytest.param("fsdp", ["model=timm", "timm_model=test_convnext", "image_size=32"],
+                 (12, 7, 5, 6), id="fsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times
+]  # fmt: skip
 
 
-def draw_image_folder(root, per_class: int = 16, size: int = 20):
+def draw_image_folder(root, per_class: int, seed: int, size: int = 20):
     """Noise tinted with the class's colour (which survives any crop and flip; a square in
     the class's corner did not: a flip moves it, a small crop loses it), as JPEGs and PNGs."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for name, colour in CLASSES.items():
         (root / name).mkdir(parents=True)
         for i in range(per_class):
@@ -40,35 +64,36 @@ def draw_image_folder(root, per_class: int = 16, size: int = 20):
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
+    """(the packed dataset, its validation ImageFolder)."""
     root = tmp_path_factory.mktemp("vision")
-    source = draw_image_folder(root / "folder")
-    image_writer.write_image_dataset(source, root / "packed", val_fraction=0.25, workers=1)
-    return root / "packed"
+    source = draw_image_folder(root / "folder", per_class=12, seed=0)
+    val = draw_image_folder(root / "val", per_class=4, seed=1)
+    image_writer.write_image_dataset(source, root / "packed", val=val, workers=1)
+    return root / "packed", val
 
 
-def vision_run(packed, run_dir, extra=()) -> list[str]:
+def image_run(packed, run_dir, model: list[str], steps: tuple, parallelism: str) -> list[str]:
+    final, _, checkpoint_every, eval_every = steps
     return [
         "device=cpu",
-        "model=vision",
-        "vision_model=resnet18",
+        *model,
         f"dataset={packed}",
-        "image_size=16",
         "batch_size=4",
         "num_workers=2",  # loader processes decode and augment
         "lr=0.003",
         "warmup_steps=2",
-        f"max_steps={FINAL}",
+        f"max_steps={final}",
         "log_every=1",
-        "eval_every=12",
+        f"eval_every={eval_every}",
         "eval_batches=4",
-        "checkpoint_every=5",  # 5, 10, ...: not at an evaluation's step (12)
+        f"checkpoint_every={checkpoint_every}",  # not at an evaluation's step
         "keep_checkpoints=3",
         "async_checkpoint=false",
         "preempt_check_every=1",
         "cpu_threads=1",
         "dist_timeout_s=60",
+        f"parallelism={parallelism}",
         f"run_dir={run_dir}",
-        *extra,
     ]
 
 
@@ -77,27 +102,66 @@ def final_eval(run_dir) -> dict:
     return [r for r in records if r.get("kind") == "eval"][-1]
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_kill_9_with_loader_processes_resumes_exactly(packed, tmp_path, parallelism):
-    extra = [f"parallelism={parallelism}"]
+@pytest.mark.parametrize("parallelism, model, steps", CASES)
+def test_kill_9_with_loader_processes_resumes_exactly(
+    packed, tmp_path, parallelism, model, steps, single_process, capsys, monkeypatch
+):
+    dataset, val = packed
+    final, kill_at = steps[:2]
     reference = tmp_path / "reference"
-    done = Ranks(vision_run(packed, reference, extra), tmp_path / "logs0")
+    done = Ranks(image_run(dataset, reference, model, steps, parallelism), tmp_path / "logs0")
     assert done.wait() == [0, 0], done.log(0)[-3000:]
     result = final_eval(reference)
-    assert result["eval_acc"] >= 0.5, result  # 4 classes: chance is 0.25
+    if "model=vision" in model:
+        assert result["eval_acc"] >= 0.5, result  # 4 classes: chance is 0.25
 
     run_dir = tmp_path / "run"
-    ranks = Ranks(vision_run(packed, run_dir, extra), tmp_path / "logs1")
-    ranks.wait_for_step(run_dir, 11)  # between checkpoints (10, 15), before an evaluation
+    argv = image_run(dataset, run_dir, model, steps, parallelism)
+    ranks = Ranks(argv, tmp_path / "logs1")
+    ranks.wait_for_step(run_dir, kill_at)  # between checkpoints, before an evaluation
     assert ranks.running(), "the run finished before it could be killed"
     ranks.send(signal.SIGKILL)
     ranks.wait()
-    assert checkpoint_steps(run_dir) and max(checkpoint_steps(run_dir)) < FINAL
+    assert checkpoint_steps(run_dir) and max(checkpoint_steps(run_dir)) < final
 
-    again = Ranks(vision_run(packed, run_dir, extra), tmp_path / "logs2")
+    again = Ranks(argv, tmp_path / "logs2")
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert "RESUMING" in again.log(0)
-    assert_same_training_state(reference, run_dir, FINAL)
+    assert_same_training_state(reference, run_dir, final)
     # every rank's BatchNorm statistics, not only those the checkpoint took from one rank: each
     # rank evaluates its share of the held-out images with its own
     assert final_eval(run_dir) == result
+
+    capsys.readouterr()
+    assert main(["evaluate", f"run_dir={run_dir}", "num_workers=0"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    scored = run_the_docs_snippet(run_dir, val, tmp_path / "snippet", monkeypatch)
+    assert scored["accuracy"] == pytest.approx(evaluated["eval_acc"], abs=1e-9), evaluated
+    assert scored["loss"] == pytest.approx(evaluated["eval_loss"], abs=1e-4), evaluated
+
+
+def docs_snippet() -> str:
+    """docs/vision.md's Python block that scores a validation folder with an exported file."""
+    blocks = re.findall(r"```python\n(.*?)```", VISION_MD.read_text(), re.S)
+    found = [b for b in blocks if "ImageFolder(" in b]
+    assert len(found) == 1, "docs/vision.md: no single snippet scoring an ImageFolder"
+    return found[0]
+
+
+def run_the_docs_snippet(run_dir, val, work, monkeypatch) -> dict:
+    """The snippet as written, in a folder holding the names it uses: the export and the
+    validation images. -> {"accuracy", "loss"} from its printed line."""
+    code = docs_snippet()
+    exported = re.search(r'load_file\("([^"]+)"\)', code).group(1)
+    folder = re.search(r'ImageFolder\("([^"]+)"', code).group(1)
+    work.mkdir()
+    export_model(run_dir, work / exported)
+    os.symlink(val, work / folder)
+    monkeypatch.chdir(work)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, str(VISION_MD), "exec"), {"__name__": "snippet"})
+    line = printed.getvalue().strip().splitlines()[-1]
+    found = re.fullmatch(r"accuracy ([0-9.e-]+), loss ([0-9.]+)", line)
+    assert found, line
+    return {"accuracy": float(found.group(1)), "loss": float(found.group(2))}

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from ..config_keys import ConfigError, optional_import
+from ..data.preprocessing import export_fields
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from . import lora
@@ -61,9 +63,10 @@ def check_outside_checkpoints(run_dir: Path, out: Path) -> None:
 
 
 def export_model(run_dir: Path, out: Path) -> Path:
-    """Write the model of the newest checkpoint as one file: `.pt` (a torch.save'd state dict)
-    or `.safetensors` (needs the optional `safetensors` package; its metadata records the run's
-    config and, on their own, the fields that rebuild the model: `reload_fields`)."""
+    """Write the model of the newest checkpoint as one file: `.pt` (a torch.save'd state dict,
+    `reload_fields` in its `_metadata`) or `.safetensors` (needs the optional `safetensors`
+    package; its metadata records the run's config and, on their own, the fields that rebuild
+    the model and its evaluation transform: `reload_fields`)."""
     out = Path(out)
     check_outside_checkpoints(run_dir, out)
     if out.suffix not in (".pt", ".safetensors"):
@@ -73,12 +76,12 @@ def export_model(run_dir: Path, out: Path) -> Path:
             "safetensors.torch", "safetensors", "export to .safetensors", error=CheckpointError
         )
     config, state = load_model_state(run_dir)
+    built = as_built(config)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         if out.suffix == ".pt":
-            atomic_write(out, lambda tmp: torch.save(state, tmp))
+            atomic_write(out, lambda tmp: torch.save(with_fields(state, built), tmp))
         else:
-            built = as_built(config)
             meta = {"format": "pt", "config": json.dumps(built, sort_keys=True)}
             meta |= reload_fields(built)
             atomic_write(out, lambda tmp: st.save_file(state, str(tmp), meta))
@@ -88,6 +91,15 @@ def export_model(run_dir: Path, out: Path) -> Path:
             raise
         raise CheckpointError(f"export: cannot write {out}: {cause}") from None
     return out
+
+
+def with_fields(state: dict, config: dict) -> OrderedDict:
+    """A `.pt` export: the state dict, with `reload_fields` in its `_metadata` (where torch keeps
+    a state dict's own records; `torch.load(F)._metadata["export"]`). load_state_dict reads only
+    the entries named after a module and their "version": these fields change nothing there."""
+    state = OrderedDict(state)
+    state._metadata = {"export": reload_fields(config)}
+    return state
 
 
 def as_built(config: dict) -> dict:
@@ -108,8 +120,10 @@ def as_built(config: dict) -> dict:
 
 def reload_fields(config: dict) -> dict[str, str]:
     """What rebuilds the model without this package, as metadata strings: `model`, the model's
-    own keys (`vision_model`: torchvision.models.get_model's name), and a classifier's
-    `num_classes` and `class_names` (a JSON list, in label order)."""
+    own keys (`vision_model`: torchvision.models.get_model's name; `timm_model`:
+    timm.create_model's), a classifier's `num_classes` and `class_names` (a JSON list, in label
+    order), and an image model's evaluation transform (data/preprocessing.py: `image_size`,
+    `resize_size`, `crop`, `interpolation`, `mean`, `std`)."""
     fields: dict[str, str] = {}
     model = config.get("model")
     if isinstance(model, str):
@@ -121,6 +135,8 @@ def reload_fields(config: dict) -> dict[str, str]:
     if isinstance(info, dict) and info.get("num_classes"):
         fields["num_classes"] = str(info["num_classes"])
         fields["class_names"] = json.dumps(list(info.get("class_names") or ()))
+    if isinstance(info, dict) and isinstance(info.get("details"), dict):
+        fields |= export_fields(info["details"])
     return fields
 
 

@@ -1,8 +1,9 @@
 """`init_from=PATH`: a new run starts from weights - the newest complete, verified checkpoint of
 another run directory of this package (any parallelism, any rank count), a Hugging Face model
 directory (config.json + safetensors) in the format of the run's model (`ModelSpec.hf`), or a
-weights file (`.pth`/`.pt`: a state dict saved by torch.save, as torchvision's weights are, or
-`export --out model.pt`) under the model's own names. A file made for other classes than the
+weights file under the model's own names: `.pth`/`.pt`/`.bin` (a state dict saved by torch.save,
+as torchvision's weights are, or `export --out model.pt`) or `.safetensors` (timm's weights on
+the Hugging Face hub, `export --out model.safetensors`). A file made for other classes than the
 dataset's loads all but the model's classifier head (`ModelSpec.head`), which stays as built.
 Only the model's weights: optimizer, step, schedule and data position start fresh.
 
@@ -38,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, optional_import
 from ..data.tokenizer import tokenizer_identity
 from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
@@ -55,7 +56,9 @@ def initial_source(cfg, spec) -> str | None:
     return cfg.init_from or (spec.initial_weights(cfg) if spec.initial_weights else None)
 
 
-WEIGHT_FILES = (".pth", ".pt")  # torch.save'd state dicts: torchvision's weights, export's .pt
+# torch.save'd state dicts (torchvision's weights, export's .pt, a hub's pytorch_model.bin) and
+# safetensors files (a timm model's model.safetensors on the hub, export's .safetensors)
+WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors")
 
 
 @dataclass(frozen=True)
@@ -254,15 +257,19 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def open_weights_file(path: Path) -> WeightsFile:
-    """The tensors of a torch.save'd state dict, memory-mapped (read as they are copied); a
-    file that is not one (a pickled module, a training checkpoint's nested dict, no bytes) in
-    one line. A file of torch's format before 1.6 (not a zip) cannot be memory-mapped: it is read
-    whole."""
+    """The tensors of a torch.save'd state dict or a safetensors file, memory-mapped (read as
+    they are copied); a file that is not one (a pickled module, a training checkpoint's nested
+    dict, no bytes) in one line. A file of torch's format before 1.6 (not a zip) cannot be
+    memory-mapped: it is read whole."""
     try:
         if Path(path).stat().st_size == 0:
             raise ConfigError(f"init_from={path}: an empty file (0 bytes), not a state dict")
-        legacy = not zipfile.is_zipfile(path)
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
+        if path.suffix == ".safetensors":
+            st = optional_import("safetensors.torch", "safetensors", f"init_from={path}")
+            state = st.load_file(path, device="cpu")
+        else:
+            legacy = not zipfile.is_zipfile(path)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
     except ConfigError:
         raise
     except Exception as err:  # not a zip of tensors, or pickled code weights_only refuses

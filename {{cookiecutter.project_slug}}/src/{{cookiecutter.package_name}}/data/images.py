@@ -15,11 +15,12 @@ Why shards: Lustre handles many small files badly (every open is a metadata oper
 shared server) and Capstor scratch has an inode quota; a few files of about 128 MB are read at
 random offsets instead (`os.pread`, one descriptor per shard and process).
 
-A sample is `(image, label)`: a float32 tensor (3, image_size, image_size) normalised with the
-ImageNet mean and std, and an int64 label. Images are decoded with PIL in the loader workers (its
-raster decoders only, RASTER_FORMATS: never Ghostscript for an EPS file), turned upright by their
-EXIF orientation, then transformed with torchvision.transforms.v2: a random resized crop and a
-horizontal flip for training, a resize and a centre crop for evaluation. Their randomness comes
+A sample is `(image, label)`: a float32 tensor (3, size, size) normalised with the model's mean
+and std (preprocessing.py: ImageNet's, or a timm model's own), and an int64 label. Images are
+decoded with PIL in the loader workers (its raster decoders only, RASTER_FORMATS: never
+Ghostscript for an EPS file), turned upright by their EXIF orientation, then transformed with
+torchvision.transforms.v2: a random resized crop and a horizontal flip for training, a resize and
+a centre crop for evaluation. Their randomness comes
 from torch's global generator, which batches.py seeds per sample from (seed, epoch, index).
 torchvision (and Pillow) are the optional `[vision]` extra: imported only where needed.
 
@@ -45,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..config_keys import first_line, key, optional_import
+from ..config_keys import ConfigError, first_line, key, optional_import
 from .directory import (
     DatasetError,
     ShardFile,
@@ -55,15 +56,12 @@ from .directory import (
     read_index,
 )
 from .info import DataInfo, DatasetKind, Splits
+from .preprocessing import Preprocessing, eval_transform, resolve, train_transform
 
 FORMAT = "images/1"
 SPLITS = ("train", "val")
 # one record per image in <split>-index.npy
 RECORD = np.dtype([("offset", "<i8"), ("length", "<i8"), ("label", "<i4"), ("shard", "<i4")])
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-# evaluation resizes to image_size * 256 / 224 before the centre crop (the ImageNet convention)
-EVAL_RESIZE = 256 / 224
 # Files taken from an ImageFolder, by extension (torchvision's ImageFolder: IMG_EXTENSIONS), and
 # the PIL decoders allowed to read them (JPEG's also reads the multi-picture JPEGs of phones).
 # Other plug-ins (EPS through Ghostscript, ...) never see a file: Image.open(..., formats=).
@@ -74,57 +72,29 @@ HIGH_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 EXIF_ORIENTATION = 0x0112
 
 
+def _side(value: int) -> None:
+    """0 (the model's size) or a real side: a crop of under 8 pixels is a typo."""
+    if 0 < value < 8:
+        raise ConfigError(f"config key 'image_size' must be 0 (the model's) or 8 to 8192: {value}")
+
+
 @dataclass
 class ImageKeys:
     """The images kind's own config keys (`KIND.keys`): `cfg.image_size`."""
 
     image_size: int = key(
-        224, "side in pixels of the square crops a model sees", bounds=(8, 8192), resume=True
+        0,
+        "side in pixels of the square crops a model sees (0: the model's: 224, a timm model's "
+        "pretrained size)",
+        bounds=(0, 8192),
+        resume=True,
+        check=_side,
     )
 
 
 def pil_image():
     """PIL's Image module (Pillow comes with torchvision: the [vision] extra)."""
     return optional_import("PIL.Image", "vision", "images datasets", DatasetError)
-
-
-def transforms_v2():
-    optional_import("torchvision", "vision", "images datasets")
-    from torchvision.transforms import v2
-
-    return v2
-
-
-def train_transform(image_size: int):
-    """PIL image -> normalised float32 tensor: a random resized crop and a horizontal flip."""
-    v2 = transforms_v2()
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(image_size, antialias=True),
-            v2.RandomHorizontalFlip(),
-            *to_normalised_tensor(v2),
-        ]
-    )
-
-
-def eval_transform(image_size: int):
-    """PIL image -> normalised float32 tensor: resized, then the centre crop."""
-    v2 = transforms_v2()
-    return v2.Compose(
-        [
-            v2.Resize(round(image_size * EVAL_RESIZE), antialias=True),
-            v2.CenterCrop(image_size),
-            *to_normalised_tensor(v2),
-        ]
-    )
-
-
-def to_normalised_tensor(v2) -> list:
-    return [
-        v2.PILToTensor(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ]
 
 
 def open_image(source):
@@ -272,23 +242,24 @@ def open_images(directory: Path, cfg, spec) -> Splits:
     directory = Path(directory)
     index = read_image_index(directory)
     datasets = {}
+    pre = resolve(cfg, spec)
     for split, transform in zip(SPLITS, (train_transform, eval_transform), strict=True):
         entries = index[split]["shards"]
         shards = [open_checked(directory, e, int(e["bytes"]), np.uint8, "byte") for e in entries]
         records = read_records(directory, index, split)
         pixel_range = index.get("pixel_range")
-        datasets[split] = ImageSplit(records, shards, transform(cfg.image_size), pixel_range)
+        datasets[split] = ImageSplit(records, shards, transform(pre), pixel_range)
     classes = tuple(index["classes"])
-    return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, cfg)
+    return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, pre)
 
 
-def image_splits(train, val, fingerprint: str, classes: tuple, cfg) -> Splits:
+def image_splits(train, val, fingerprint: str, classes: tuple, pre: Preprocessing) -> Splits:
     info = DataInfo(
         "images",
         fingerprint,
         num_classes=len(classes),
         class_names=classes,
-        details={"image_size": cfg.image_size},
+        details={"image_size": pre.size, "preprocessing": pre.record()},
     )
     return Splits(train=train, val=val, info=info, decodes=True)
 
@@ -328,19 +299,18 @@ class SyntheticImages(Dataset):
 def synthetic(cfg, spec) -> Splits:
     """synthetic_samples training and eval_samples validation images of num_classes classes at
     image_size, with the augmentation of a dataset directory."""
-    size, classes = cfg.image_size, cfg.num_classes
-    train = SyntheticImages(
-        cfg.synthetic_samples, 0, classes, size, cfg.seed, train_transform(size)
-    )
+    pre = resolve(cfg, spec)
+    size, classes = pre.size, cfg.num_classes
+    train = SyntheticImages(cfg.synthetic_samples, 0, classes, size, cfg.seed, train_transform(pre))
     val = SyntheticImages(
-        cfg.eval_samples, cfg.synthetic_samples, classes, size, cfg.seed, eval_transform(size)
+        cfg.eval_samples, cfg.synthetic_samples, classes, size, cfg.seed, eval_transform(pre)
     )
     fingerprint = (
         f"synthetic-images:{cfg.synthetic_samples}+{cfg.eval_samples}:{classes}:{size}:"
         f"seed={cfg.seed}"
     )
     names = tuple(f"class{k}" for k in range(classes))
-    return image_splits(train, val, fingerprint, names, cfg)
+    return image_splits(train, val, fingerprint, names, pre)
 
 
 KIND = DatasetKind(

@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
 from .directory import INDEX_FILE, DatasetError, ShardFile
-from .images import open_image, train_transform
+from .images import open_image
 from .info import Splits
+from .preprocessing import Preprocessing, recorded, train_transform
 from .tokens import TokenDataset, synthetic_tokens
 
 
@@ -35,11 +36,11 @@ class PackedImagesPlainly(Dataset):
     """The training images of a make-dataset --images directory: item i opens its shard, reads
     record i (offset, length) and decodes it with PIL; (transformed image, int64 label)."""
 
-    def __init__(self, directory: Path, image_size: int):
+    def __init__(self, directory: Path, pre: Preprocessing):
         index = json.loads((directory / INDEX_FILE).read_text())
         self.records = np.load(directory / index["train"]["index"])
         self.shards = [directory / entry["name"] for entry in index["train"]["shards"]]
-        self.transform = train_transform(image_size)
+        self.transform = train_transform(pre)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -56,7 +57,7 @@ class PackedImagesPlainly(Dataset):
 def plain_training_set(source: Splits, cfg) -> tuple[Dataset, str]:
     """(the training Dataset of the plain loop, what it is in a few words)."""
     if source.info.kind == "images" and cfg.dataset != "synthetic":
-        dataset = PackedImagesPlainly(Path(cfg.dataset), cfg.image_size)
+        dataset = PackedImagesPlainly(Path(cfg.dataset), recorded(source.info.details))
         return dataset, "each image's shard opened and read at its offset, decoded with PIL"
     return source.train, f"the {source.info.kind} kind's own training split"
 

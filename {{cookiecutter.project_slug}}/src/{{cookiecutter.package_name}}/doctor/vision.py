@@ -41,7 +41,9 @@ def check_torchvision(
     """Present, built for this torch, from the environment (not the venv), importable."""
     if found is None:
         return Result(
-            OK, "torchvision", "not installed: only model=vision needs it (docs/vision.md)"
+            OK,
+            "torchvision",
+            "not installed: only model=vision and model=timm need it (docs/vision.md)",
         )
     where = os.path.dirname(os.path.abspath(found.file))
     in_venv = os.path.abspath(prefix) != os.path.abspath(base_prefix)

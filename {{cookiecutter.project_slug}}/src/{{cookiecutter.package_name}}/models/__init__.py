@@ -16,6 +16,7 @@ MODEL_MODULES = (
     "mlp",  # the minimal classifier example
     "hf",  # any transformers causal LM from a directory (hf_model=DIR; the [hf] extra)
     "vision",  # any torchvision classifier by name (vision_model=resnet50; the [vision] extra)
+    "timm",  # any timm classifier by name (timm_model=convnext_tiny; the [timm] extra)
 )
 
 
@@ -27,7 +28,7 @@ class ModelKeys:
     """The model of a run and what it starts from; each model's own keys are in its module."""
 
     init_from: str = key("", "start a new run from weights: a run_dir, a Hugging Face model dir "
-                         "or a weights file (.pth: torchvision's)")  # fmt: skip
+                         "or a weights file (.pth, .bin, .safetensors)")  # fmt: skip
     model: str = key(DEFAULT_MODEL, "the model to train: a module in models/ "
                      "(docs/your-model.md)", choices=tuple(MODELS), resume=True)  # fmt: skip
     dropout: float = key(0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True)

@@ -220,6 +220,10 @@ class ModelSpec:
         run copies the files that define its model into the run directory, a run that has them
         refuses sources changed since (model=hf: hf_model's config.json); None: the config says
         it all.
+    preprocessing(cfg): an image model's own input conventions, a dict: "size" (pixels),
+        "crop_fraction" (of the resized side the evaluation crop keeps), "crop" ("center",
+        "squash"), "interpolation", "mean", "std" (data/preprocessing.py); None: torchvision's
+        (224, 224 / 256, bilinear, ImageNet's mean and std).
     """
 
     name: str
@@ -238,6 +242,7 @@ class ModelSpec:
     head: Callable[[Any, DataInfo], Collection[str]] | None = None
     reads_vocab_size: bool = False
     keep_files: Callable[[Any, Path], None] | None = None
+    preprocessing: Callable[[Any], dict] | None = None
 
     def training_flops_per_sample(self, cfg, model: nn.Module, info: DataInfo, example) -> float:
         """`example`: a batch of one sample of the run's data, run through a fresh copy of the

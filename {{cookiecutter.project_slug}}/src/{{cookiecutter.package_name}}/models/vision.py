@@ -1,7 +1,7 @@
 """`model=vision`: any torchvision classification model, by name (`vision_model=resnet50`,
 `resnet18`, `vit_b_16`, `convnext_tiny`, ...), for the classes of an images dataset
 (data/images.py: (3, image_size, image_size) float tensors normalised with ImageNet's mean and
-std, int64 labels).
+std, int64 labels; image_size=0: 224).
 
 The model is torchvision's own module, unwrapped: its state-dict names are torchvision's, so
 `init_from=` a torchvision weights file (`.pth`, fetched on a login node) loads it by name, with
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from ..config_keys import ConfigError, first_line, key, optional_import
+from ..data.preprocessing import TORCHVISION_SIZE
 from ..parallel import parameters_on_meta
 from . import spec
 
@@ -65,7 +67,7 @@ def check(cfg) -> None:
         raise ConfigError(
             f"config key 'vision_model': torchvision has no classification model {name!r}; {hint}"
         )
-    probe_image_size(name, cfg.image_size)
+    probe_image_size(name, cfg.image_size or TORCHVISION_SIZE)
 
 
 def probe_image_size(name: str, size: int) -> None:
@@ -129,13 +131,20 @@ def build(cfg, info: DataInfo) -> nn.Module:
 
 
 def head(cfg, info: DataInfo) -> set[str]:
-    """The names of the classifier head's tensors: those whose shape follows the number of
-    classes (fc.* of a ResNet, heads.head.* of a ViT), found by building the model for two
-    numbers of classes with its parameters on the meta device (shapes, no memory)."""
+    """The names of the classifier head's tensors (fc.* of a ResNet, heads.head.* of a ViT)."""
+    return following_classes(
+        lambda classes: torchvision_model(cfg.vision.vision_model, classes, info), info.num_classes
+    )
+
+
+def following_classes(build_for: Callable[[int], nn.Module], classes: int) -> set[str]:
+    """The tensors whose shape follows the number of classes, found by building the model
+    (`build_for(classes)`) for two numbers of classes with its parameters on the meta device
+    (shapes, no memory)."""
     shapes = []
-    for classes in (info.num_classes, info.num_classes + 1):
+    for count in (classes, classes + 1):
         with parameters_on_meta():
-            built = torchvision_model(cfg.vision.vision_model, classes, info)
+            built = build_for(count)
         shapes.append({name: t.shape for name, t in built.state_dict().items()})
     return {name for name, shape in shapes[0].items() if shapes[1][name] != shape}
 
