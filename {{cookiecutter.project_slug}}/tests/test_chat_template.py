@@ -4,8 +4,8 @@ their answers with generation blocks: ChatML, one whose generation prompt ends i
 (`Assistant: `, where an answer's first token begins on that space) and a Llama-3 style one;
 without the blocks, the turns found by rendering give the same tokens. Control tokens typed in a
 message are refused naming file:line, and so are blocks around no answer; a tokenizer of custom
-code is refused without asking on the terminal. A byte-level BPE with merges (so that a token can hold the prompt's space and the
-answer's first letters) is trained here, offline."""
+code is refused without asking on the terminal. A byte-level BPE with merges (so that a token
+can hold the prompt's space and the answer's first letters) is trained here, offline."""
 
 import json
 import shutil
