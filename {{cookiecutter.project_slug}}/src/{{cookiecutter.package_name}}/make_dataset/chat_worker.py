@@ -16,11 +16,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..data.directory import DatasetError
+from ..run.interrupts import die_with_parent
 from .chat_template import RenderedTooLong, encode_conversations, message_chars, too_long
 
 # A batch's bound: RENDER_SECONDS, plus RENDER_SECONDS_PER_MB for each MB of its messages' text
@@ -59,12 +59,7 @@ def dying_with(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(1)
+    die_with_parent(parent)
 
 
 class TemplateWorker:

@@ -11,7 +11,6 @@ They leave Ctrl-C and SIGTERM to the writer, which stops the pool, as long as it
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -25,11 +24,11 @@ import numpy as np
 from ..config_keys import first_line
 from ..data.directory import DatasetError
 from ..data.images import HIGH_BIT_MODES, high_bit_values, open_image, pil_image
+from ..run.interrupts import die_with_parent
 from .hf_datasets import format_seconds
 
 POOL_MIN_IMAGES = 512  # fewer are checked in this process: starting a pool would cost more
 PROGRESS_EVERY_S = 30.0  # a plain line in a job log; a terminal's line is redrawn every 0.5 s
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 # --- one image -------------------------------------------------------------------------------
@@ -73,15 +72,7 @@ def image_mode(path: str) -> tuple[str, str, float, float]:
 
 def start_worker(parent: int) -> None:
     """A pool worker's initializer: die with `parent` (the writer), even after kill -9."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        linux = sys.platform.startswith("linux")
-        linux = linux and libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
-    except (OSError, AttributeError):
-        linux = False
-    if os.getppid() != parent:  # gone before the line above
-        os._exit(1)
-    if not linux:
+    if not die_with_parent(parent):
         threading.Thread(target=watch_parent, args=(parent,), daemon=True).start()
 
     def stop_if_orphaned(signum, frame):

@@ -1,4 +1,4 @@
-"""A second Ctrl-C or SIGTERM stops the run at once.
+"""A second Ctrl-C or SIGTERM stops the run at once; a helper process dies with its parent.
 
 The first SIGINT/SIGTERM asks for a clean stop (preemption.py: all ranks finish the step, write a
 checkpoint and exit to be requeued), which can take a slow step plus a checkpoint. A user who
@@ -13,9 +13,11 @@ it at the limit must not cut short the checkpoint the warning started.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +27,7 @@ from .rundir import RunDir
 log = logging.getLogger(__name__.split(".")[0])
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # One event can deliver two signals: Ctrl-C under torchrun reaches a worker from the terminal
 # and again from torchrun. Signals this close together count as one.
 SAME_EVENT_S = 0.5
@@ -90,3 +93,18 @@ class SecondSignal:
                 except (OSError, ValueError):  # a closed or broken stream: nothing to save
                     pass
         self.exit(128 + signum)
+
+
+def die_with_parent(parent: int) -> bool:
+    """In a child process (a make-dataset worker, your program under run/program.py): SIGKILL
+    when `parent` exits, kill -9 included (Linux's prctl PR_SET_PDEATHSIG), and exit now if it
+    already has. False where the system has no such call: the caller watches its parent itself."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # gone before the line above took effect
+        os._exit(1)
+    return armed

@@ -20,6 +20,7 @@ No torch here: this process only waits, so it stays small and starts at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .atomic import atomic_write_text
+from .interrupts import die_with_parent
 from .lock import RunDirLock, acquire, identity
 from .rundir import RunDir, RunDirError, os_error_text
 
@@ -164,13 +166,10 @@ class Forwarder:
                 pass
 
 
-def _own_group_dying_with_us() -> None:
-    """In the child before exec: its own process group, and SIGKILL when this wrapper dies."""
+def _own_group_dying_with(wrapper: int) -> None:
+    """In the child before exec: its own process group, and SIGKILL when the wrapper dies."""
     os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent(wrapper)
 
 
 def take_lock(run_dir: RunDir, main: bool) -> RunDirLock | None:
@@ -201,7 +200,8 @@ def run_program(
     if forwarder.received:  # a signal came before it started: it is as if it had ended by it
         return -forwarder.received[0]
     try:
-        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=_own_group_dying_with_us)
+        in_child = functools.partial(_own_group_dying_with, os.getpid())
+        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=in_child)
     except OSError as err:  # not executable, a bad interpreter line
         raise Refused(f"cannot run {argv[0]}: {err.strerror}", NOT_FOUND_EXIT_CODE) from None
     if forwarder.received:  # one that came while it started
