@@ -137,16 +137,20 @@ class Console:
                 round(math.exp(chance)),
             )
 
-    def evaluated(self, step: int, result: dict, samples_seen: int) -> None:
-        """One line per evaluation: the held-out loss, the task's other figures, data seen."""
+    def evaluated(
+        self, step: int, result: dict, samples_seen: int, epoch: float | None = None
+    ) -> None:
+        """One line per evaluation: the held-out loss, the task's other figures, data seen (and
+        the epoch, with a sample stream)."""
         self.evals.append((step, result["eval_loss"]))
         if not self.is_main:
             return
         figures = [describe(name, v) for name, v in result.items() if name != "eval_loss"]
         log.info(
-            "eval step %d/%d: loss %.4f%s, %s %s seen",
+            "eval step %d/%d%s: loss %.4f%s, %s %s seen",
             step,
             self.cfg.max_steps,
+            "" if epoch is None else f" epoch {epoch:.2f}",
             result["eval_loss"],
             f" ({', '.join(figures)})" if figures else "",
             count(samples_seen * self.units_per_sample),
