@@ -77,7 +77,7 @@ def test_package_layout(repo, package):
             *("__init__", "compare", "console", "health", "metrics", "profiling", "timing"),
             "tracking",
         },
-        "training": {"__init__", "baselines", "build", "loop", "start", "step"},
+        "training": {"__init__", "baselines", "build", "epochs", "loop", "start", "step"},
     }
     folders = {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(packages)
@@ -170,7 +170,7 @@ def test_first_example_prepare_data_train_resume_generate(repo, package, tmp_pat
         "step-00000020",
     ]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "train"] == [10, 20]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 10, 20]  # the first at once
     assert [r["step"] for r in records if r["kind"] == "eval"] == [20]
     assert (run_dir / "config.toml").is_file() and not (run_dir / "REQUEUE").exists()
 

@@ -17,7 +17,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.models import spec_of
-from {{ cookiecutter.package_name }}.telemetry.metrics import Metrics, read_records
+from {{ cookiecutter.package_name }}.telemetry.metrics import Metrics, plot_series, read_records
 
 
 def test_benchmark_prints_one_json_line(single_process, capsys):
@@ -125,7 +125,7 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
     )
     records = read_records(run_dir)
     train = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [10, 20, 30]
+    assert [r["step"] for r in train] == [1, 10, 20, 30]  # the first step's at once
     for key in (
         "loss",
         "loss_bits_per_token",
@@ -162,6 +162,25 @@ def test_metrics_records_and_plot(tmp_path, single_process, capsys):
         assert main(["plot", f"run_dir={run_dir}", "--out", str(tmp_path / "m.txt")]) == 1
         assert "not an image format" in capsys.readouterr().err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m.png", "plots", "run"]
+
+
+def test_plot_draws_the_tasks_evaluation_figures():
+    """A classifier's accuracy and top-5 in a panel of their own, its eval loss beside the
+    training loss; a language model's figures (bits per token: its loss restated) are not."""
+    train = [{"kind": "train", "step": s, "loss": 2.0 / s, "images_per_s": 90.0} for s in (1, 2)]
+    evals = [
+        {"kind": "eval", "step": 2, "epoch": 1.0, "eval_loss": 0.9, "eval_acc": 0.6,
+         "eval_top5": 0.9, "eval_bits_per_token": 1.3},
+        {"kind": "checkpoint", "step": 2, "stall_s": 0.1},
+    ]  # fmt: skip
+    panels = plot_series([{"kind": "start", "step": 0}, *train, *evals])
+    assert list(panels) == ["loss", "evaluation", "images/s (all ranks)"]
+    assert panels["loss"] == {"train": ([1, 2], [2.0, 1.0]), "eval": ([2], [0.9])}
+    assert panels["evaluation"] == {"accuracy": ([2], [0.6]), "top-5": ([2], [0.9])}
+    language = plot_series(
+        [*train, {"kind": "eval", "step": 2, "eval_loss": 1, "eval_bits_per_token": 2}]
+    )
+    assert "evaluation" not in language and language["loss"]["eval"] == ([2], [1])
 
 
 def test_help_lists_the_subcommands(capsys):

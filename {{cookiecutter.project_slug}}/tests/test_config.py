@@ -42,6 +42,23 @@ def test_default_config_file_matches_the_declarations():
     assert '\n# dataset = "synthetic"\n' in (REPO / "configs" / "default.toml").read_text()
 
 
+def test_epochs_or_max_steps_the_one_set_last_gives_the_length(tmp_path, caplog):
+    """A config file's max_steps, then epochs=N on the command line: N epochs (and the other
+    way round); both in one source is refused. eval_every from TOML stays a number of steps."""
+    path = tmp_path / "long.toml"
+    path.write_text("max_steps = 10000\neval_every = 500\n")
+    caplog.set_level("INFO")
+    cfg, origins = load_config([path], ["epochs=3"])
+    assert (cfg.epochs, cfg.max_steps, cfg.eval_every) == (3, Config().max_steps, "500")
+    assert "max_steps" not in origins and origins["epochs"] == "command line"
+    assert re.search(r"max_steps=10000 \(from .*long.toml\) is replaced by epochs=3", caplog.text)
+    path.write_text("epochs = 3\n")
+    cfg, _ = load_config([path], ["max_steps=20"])
+    assert (cfg.epochs, cfg.max_steps) == (0, 20)
+    with pytest.raises(ConfigError, match="command line sets both epochs and max_steps"):
+        load_config(None, ["epochs=2", "max_steps=5"])
+
+
 def test_a_config_files_dataset_beats_the_job_scripts_default(tmp_path, capsys, single_process):
     """Declared default < a job script's --job-default < config files < key=value: a job
     script never puts its default over a file's value (it trained on stdlib-bytes, silently)."""
@@ -108,6 +125,15 @@ def test_unknown_key_suggests_the_closest_ones(typed, meant):
         ("compile=maybe", r"'compile' expects true or false"),
         ("precision=fp8", r"'precision' must be one of auto, bf16, fp16, fp32"),
         ("checkpoint_every=often", r"'checkpoint_every' expects a number of steps"),
+        ("checkpoint_every=\u0663epochs", r"'checkpoint_every' expects a number of steps"),
+        ("eval_every=1e3", r"'eval_every' expects a number of steps \("),
+        ("eval_every=30min", r"'eval_every' expects .*epochs \(\"1epoch\""),
+        ("eval_every=\u0661epoch", r"'eval_every' expects"),  # Arabic-Indic 1
+        ("eval_every=0epochs", r"'eval_every': epochs must be above 0"),
+        ("eval_every=" + "9" * 13, r"'eval_every' expects"),
+        ("epochs=-1", r"'epochs' must be in \[0, "),
+        ("epochs=1.5", r"'epochs' expects an integer"),
+        ("epochs=max_steps=2", r"'epochs' expects an integer"),
         ("keep_checkpoints=1", r"'keep_checkpoints' must be in \[2, "),
         ("batch_size=0", r"'batch_size' must be in \[1, "),
         ("max_steps", r"not of the form key=value"),

@@ -27,6 +27,11 @@ def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, mon
     assert f"training the language model gpt:tiny to step 20 on cpu into {run_dir}" in err
     assert "WARNING this run is large for a CPU: each step needs" in err
     info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
+    # the first step's line at once (log_every=10), with its time and the run's ETA; token
+    # windows have no epochs
+    steps = [m for m in info if m.startswith("step ")]
+    assert [m.split()[1] for m in steps] == ["1/20", "10/20", "20/20"]
+    assert re.search(r"ms/step .* eta [0-9.]+ (s|min|h)$", steps[0]) and "epoch" not in steps[0]
     evals = [m for m in info if m.startswith("eval step")]
     # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
     # the held-out tokens scored (eval_batches=2 of 4 windows of 32, less the overlap), then

@@ -10,6 +10,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.optim import Schedule, lr_factor
 from {{ cookiecutter.package_name }}.telemetry.metrics import read_records
 from {{ cookiecutter.package_name }}.training.build import enable_tf32
+from {{ cookiecutter.package_name }}.training.epochs import Epochs
 
 
 def test_tf32_setup_leaves_the_legacy_getters_working():
@@ -63,6 +64,33 @@ def test_the_minimal_mlp_example_learns(tmp_path, single_process):
     (evaluation,) = [r for r in records if r["kind"] == "eval"]
     assert train[-1]["loss"] < train[0]["loss"] and "samples_per_s" in train[0]
     assert evaluation["eval_acc"] > 0.5  # 4 classes: chance is 0.25
+
+
+def test_epochs_end_where_the_passes_end_on_any_number_of_ranks():
+    """100 training samples, epochs=2: a new run at 16 a step has ceil(200 / 16) = 13 steps;
+    resumed at step 5 (80 samples seen) on half the ranks (8 a step), the 120 samples left take
+    15 more steps; a finished run none. An interval in epochs falls on the step whose samples
+    complete it, 0.1 epochs as typed (10 samples), not as a binary float."""
+    assert Epochs(100, 16).last_step(2, 0, 0) == 13
+    assert Epochs(100, 8).last_step(2, 5, 80) == 20
+    assert Epochs(100, 16).last_step(2, 13, 208) == 13
+    assert Epochs(100, 16).completes(1.0, 96, 112) and not Epochs(100, 16).completes(1.0, 80, 96)
+    assert [s for s in range(1, 8) if Epochs(100, 16).completes(0.5, 16 * (s - 1), 16 * s)] == [
+        4, 7
+    ]  # fmt: skip
+    assert Epochs(100, 5).completes(0.1, 5, 10) and not Epochs(100, 5).completes(0.1, 10, 15)
+    assert Epochs(100, 16).epoch(150) == 1.5 and Epochs(None, 16).epoch(150) is None
+
+
+def test_epochs_on_token_windows_are_refused_in_one_line(tmp_path, single_process, capsys):
+    """Token windows are drawn at random positions: no passes to count."""
+    tiny = [item for item in TINY if not item.startswith("max_steps=")]
+    argv = [*tiny, f"run_dir={tmp_path / 'run'}", "epochs=2", "eval_every=1epoch"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # refused once the data is open: after the start's lines
+    assert "Traceback" not in err and "epochs need a dataset of samples" in err.splitlines()[-1]
+    assert "epochs=2, eval_every=1epoch: " in err.splitlines()[-1]
+    assert not (tmp_path / "run").exists()  # nothing half-written
 
 
 def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path, single_process, capsys):

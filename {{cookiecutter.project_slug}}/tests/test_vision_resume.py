@@ -2,11 +2,13 @@
 make-dataset --images (its validation images from their own folder, `--val`), trained with 2
 loader processes per rank and random augmentation (crop, flip): torchvision's ResNet-18 with DDP,
 timm's small test ResNet (batch norm) with DDP and its test ConvNeXt (`stages[i].blocks[j]` as
-units) with FSDP2. kill -9, then the same command resumes: the model (BatchNorm's running
-statistics included), optimizer, schedule and RNG states at the end are bit-identical to an
-uninterrupted run's. The run resumes from a checkpoint that no evaluation just preceded and
+units) with FSDP2; the ResNet-18 for `epochs=4` with evaluations and checkpoints in epochs.
+kill -9, then the same command resumes: the model (BatchNorm's running statistics included),
+optimizer, schedule and RNG states at the end are bit-identical to an uninterrupted run's. The
+run resumes from a checkpoint (in the middle of an epoch) that no evaluation just preceded, and
 replays one before the next. The images are learnable (noise tinted with the class's colour), so
-the ResNet-18's accuracy ends far above chance.
+the ResNet-18's accuracy ends far above chance. docs/vision.md's local command trains on the
+same images, as written.
 
 Then docs/vision.md's snippet, as written, rebuilds the evaluation transform and the model from
 the exported file alone and scores the validation folder: `evaluate`'s accuracy and loss."""
@@ -18,12 +20,13 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Ranks, assert_same_training_state, checkpoint_steps
+from conftest import PACKAGE, REPO, Ranks, assert_same_training_state, checkpoint_steps
 
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
@@ -37,14 +40,17 @@ VISION_MD = Path(__file__).resolve().parents[1] / "docs" / "vision.md"
 NEEDS_TIMM = pytest.mark.skipif(
     not __import__("importlib").util.find_spec("timm"), reason="needs the [timm] extra"
 )
-# (parallelism, the model, its steps: final, kill at, checkpoint and evaluation every)
+# (parallelism, the model, its length and intervals, the final step, the step it is killed at)
+EPOCHS = ["epochs=4", "eval_every=2epochs", "checkpoint_every=1.5epochs"]  # 6 steps an epoch:
+# evaluations at 12 and 24, checkpoints at 9 (mid-epoch, no evaluation), 18 and the last
+STEPS = ["max_steps=12", "eval_every=6", "checkpoint_every=5"]  # not at an evaluation's step
 CASES = [
     pytest.param("ddp", ["model=vision", "vision_model=resnet18", "image_size=16"],
-                 (24, 11, 5, 12), id="ddp-torchvision"),
+                 EPOCHS, 24, 11, id="ddp-torchvision"),
     pytest.param("ddp", ["model=timm", "timm_model=test_resnet", "image_size=16"],
-                 (12, 7, 5, 6), id="ddp-timm", marks=NEEDS_TIMM),  # batch norm
+                 STEPS, 12, 7, id="ddp-timm", marks=NEEDS_TIMM),  # batch norm
     pytest.param("fsdp", ["model=timm", "timm_model=test_convnext", "image_size=32"],
-                 (12, 7, 5, 6), id="fsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times
+                 STEPS, 12, 7, id="fsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times
 ]  # fmt: skip
 
 
@@ -72,8 +78,7 @@ def packed(tmp_path_factory):
     return root / "packed", val
 
 
-def image_run(packed, run_dir, model: list[str], steps: tuple, parallelism: str) -> list[str]:
-    final, _, checkpoint_every, eval_every = steps
+def image_run(packed, run_dir, model: list[str], schedule: list[str], parallelism: str):
     return [
         "device=cpu",
         *model,
@@ -82,11 +87,9 @@ def image_run(packed, run_dir, model: list[str], steps: tuple, parallelism: str)
         "num_workers=2",  # loader processes decode and augment
         "lr=0.003",
         "warmup_steps=2",
-        f"max_steps={final}",
+        *schedule,
         "log_every=1",
-        f"eval_every={eval_every}",
         "eval_batches=4",
-        f"checkpoint_every={checkpoint_every}",  # not at an evaluation's step
         "keep_checkpoints=3",
         "async_checkpoint=false",
         "preempt_check_every=1",
@@ -97,26 +100,43 @@ def image_run(packed, run_dir, model: list[str], steps: tuple, parallelism: str)
     ]
 
 
+def records(run_dir, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
 def final_eval(run_dir) -> dict:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r.get("kind") == "eval"][-1]
+    return records(run_dir, "eval")[-1]
 
 
-@pytest.mark.parametrize("parallelism, model, steps", CASES)
+def check_epochs(reference, log: str) -> None:
+    """The run of EPOCHS: its length stated, the epoch in every record, its intervals."""
+    stated = "48 training samples, 8 per step (batch_size 4 x grad_accum_steps 1 x 2 rank(s)): 6 "
+    assert stated + "steps per epoch; epochs=4: 24 steps in all, 4 epochs" in log
+    train = records(reference, "train")
+    assert [(r["step"], r["epoch"]) for r in train] == [(s, s / 6) for s in range(1, 25)]
+    assert re.search(r"step 9/24 epoch 1.50 loss .* eta ", log)
+    assert [(r["step"], r["epoch"]) for r in records(reference, "eval")] == [(12, 2), (24, 4)]
+    assert [r["step"] for r in records(reference, "checkpoint")] == [9, 18, 24]
+
+
+@pytest.mark.parametrize("parallelism, model, schedule, final, kill_at", CASES)
 def test_kill_9_with_loader_processes_resumes_exactly(
-    packed, tmp_path, parallelism, model, steps, single_process, capsys, monkeypatch
-):
+    packed, tmp_path, parallelism, model, schedule, final, kill_at, single_process, capsys,
+    monkeypatch,
+):  # fmt: skip
     dataset, val = packed
-    final, kill_at = steps[:2]
     reference = tmp_path / "reference"
-    done = Ranks(image_run(dataset, reference, model, steps, parallelism), tmp_path / "logs0")
+    done = Ranks(image_run(dataset, reference, model, schedule, parallelism), tmp_path / "logs0")
     assert done.wait() == [0, 0], done.log(0)[-3000:]
     result = final_eval(reference)
+    if schedule == EPOCHS:
+        check_epochs(reference, done.log(0))
     if "model=vision" in model:
         assert result["eval_acc"] >= 0.5, result  # 4 classes: chance is 0.25
 
     run_dir = tmp_path / "run"
-    argv = image_run(dataset, run_dir, model, steps, parallelism)
+    argv = image_run(dataset, run_dir, model, schedule, parallelism)
     ranks = Ranks(argv, tmp_path / "logs1")
     ranks.wait_for_step(run_dir, kill_at)  # between checkpoints, before an evaluation
     assert ranks.running(), "the run finished before it could be killed"
@@ -165,3 +185,39 @@ def run_the_docs_snippet(run_dir, val, work, monkeypatch) -> dict:
     found = re.fullmatch(r"accuracy ([0-9.e-]+), loss ([0-9.]+)", line)
     assert found, line
     return {"accuracy": float(found.group(1)), "loss": float(found.group(2))}
+
+
+def docs_local_command() -> list[str]:
+    """The arguments of docs/vision.md's local command, as written there."""
+    text = (REPO / "docs" / "vision.md").read_text()
+    block = text.split("trains in minutes", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:3] == ["python", "-m", PACKAGE], block
+    return words[3:]
+
+
+def test_the_vision_pages_local_command_trains_epochs_not_the_configs_steps(
+    packed, tmp_path, monkeypatch, single_process, capfd, caplog
+):
+    """configs/experiments/resnet50-images.toml's 10,000 steps and 500 warmup steps would take
+    hours on a CPU: the page's command gives epochs, and the run is their steps (here on 48
+    images at 32 a step) with an evaluation after each epoch. As written, but for 2 epochs of
+    16-pixel images (the page's 5 of 64 pixels: a minute on this shared 2-core machine)."""
+    args = docs_local_command()
+    assert any(a.startswith("epochs=") for a in args) and "device=cpu" in args
+    ours = {"dataset": str(packed[0]), "run_dir": str(tmp_path / "run"), "image_size": "16"}
+    ours["epochs"] = "2"  # of 48 images at 32 a step: 3 steps
+    args = [f"{k}={ours[k]}" if (k := a.partition("=")[0]) in ours else a for a in args]
+    monkeypatch.chdir(REPO)  # the page's --config path is relative to the repository
+    caplog.set_level("INFO")
+    assert main(args) == 0
+    err = capfd.readouterr().err
+    epochs = int(next(a for a in args if a.startswith("epochs=")).partition("=")[2])
+    steps = -(-epochs * 48 // 32)
+    assert f"epochs={epochs}: {steps} steps in all" in err
+    assert "max_steps=10000 (from configs/experiments/resnet50-images.toml) is replaced" in (
+        caplog.text
+    )
+    evals = records(tmp_path / "run", "eval")  # on the step that completes each epoch
+    assert [int(r["epoch"]) for r in evals] == list(range(1, epochs + 1))
+    assert records(tmp_path / "run", "train")[-1]["step"] == steps

@@ -278,32 +278,48 @@ def _option(kind: type, text: str) -> int | float:
         raise argparse.ArgumentTypeError(f"expects {_FORMS[kind]}, got {shown(text)}") from None
 
 
-# ------------------------------------------------------------------ checkpoint_every, parsed once
-_INTERVAL = re.compile(r"([0-9]+)|([0-9]+(?:\.[0-9]+)?)min|auto", re.ASCII)
+# ------------------------------------------- checkpoint_every and eval_every, each parsed once
+# At most 12 digits a number: a longer one is a typo (and int() refuses 4300 digits itself).
+_NUMBER = r"([0-9]{1,12}(?:\.[0-9]{1,12})?)"
+_INTERVAL = re.compile(r"([0-9]{1,12})|" + _NUMBER + "min|" + _NUMBER + "epochs?|auto", re.ASCII)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """checkpoint_every: every `steps` steps, every `minutes` minutes, Young/Daly (`auto`), or
-    only at the end (all zero)."""
+    """checkpoint_every or eval_every: every `steps` steps, every `minutes` minutes, every
+    `epochs` passes over the training split, Young/Daly (`auto`), or never (all zero:
+    checkpoints then only at the end)."""
 
     steps: int = 0
     minutes: float = 0.0
+    epochs: float = 0.0
     auto: bool = False
 
 
-def parse_interval(text: str) -> Interval:
+def parse_interval(text: str, name: str = "checkpoint_every") -> Interval:
+    """checkpoint_every's value: "100" steps, "30min", "1epoch" / "0.5epochs", "auto" or "0"."""
+    if name == "checkpoint_every":
+        forms = 'a number of steps ("100"), minutes ("30min"), epochs ("1epoch"), "auto" or "0"'
+    else:
+        forms = 'a number of steps ("100"), epochs ("1epoch", "0.5epochs") or "0"'
     match = _INTERVAL.fullmatch(text)
-    if not match:
-        raise ConfigError(
-            "config key 'checkpoint_every' expects a number of steps (\"100\"), minutes "
-            f'("30min"), "auto" or "0" (end only); got {shown(text)}'
-        )
+    timed = match and (match.group(2) is not None or text == "auto")
+    if not match or (timed and name != "checkpoint_every"):
+        raise ConfigError(f"config key {name!r} expects {forms}; got {shown(text)}")
     if text == "auto":
         return Interval(auto=True)
     if match.group(2) is not None:
         return Interval(minutes=float(match.group(2)))
+    if match.group(3) is not None:
+        if float(match.group(3)) <= 0:
+            raise ConfigError(f'config key {name!r}: epochs must be above 0 ("0" for never)')
+        return Interval(epochs=float(match.group(3)))
     return Interval(steps=int(match.group(1)))
+
+
+def parse_every(text: str) -> Interval:
+    """eval_every's value: "100" steps, "1epoch" / "0.5epochs", or "0" (no evaluation)."""
+    return parse_interval(text, "eval_every")
 
 
 def not_empty(what: str) -> Callable[[str], None]:

@@ -1,5 +1,6 @@
-"""`python -m <pkg> plot run_dir=DIR [--out FILE.png]`: loss and throughput from a run's
-metrics.jsonl (or the file itself) as a PNG (telemetry/metrics.py)."""
+"""`python -m <pkg> plot run_dir=DIR [--out FILE.png]`: the loss, the evaluation figures (a
+classifier's accuracy and top-5) and the throughput from a run's metrics.jsonl (or the file
+itself) as a PNG (telemetry/metrics.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,14 @@ def changed_keys(saved: dict, cfg: Config, same_data: bool = False) -> list[str]
     (config_record's form) and `cfg`: the general keys, the model's own (in its table), and when
     the model changed the old model's as well. `same_data`: the dataset is the same whatever its
     path's spelling."""
-    pairs = [(k.name, saved.get(k.name), getattr(cfg, k.name)) for k in FLAT.values() if k.resume]
+    # a key the record lacks was written before the key existed: its default applied. With
+    # epochs set, max_steps is the run's length that training/epochs.py worked out from them
+    # at its start (recorded), not a key of its own: the epochs are compared.
+    pairs = [
+        (k.name, saved.get(k.name, k.default), getattr(cfg, k.name))
+        for k in FLAT.values()
+        if k.resume and not (k.name == "max_steps" and cfg.epochs)
+    ]
     models = [cfg.model]
     if saved.get("model") in MODELS and saved["model"] != cfg.model:
         models.append(saved["model"])

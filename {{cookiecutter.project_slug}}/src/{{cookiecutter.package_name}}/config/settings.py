@@ -61,8 +61,10 @@ class RunKeys:
                        "LOCK", check=not_empty("run_dir"))
     seed: int = key(1234, "seeds the data, the initial weights (all ranks) and per-rank RNGs",
                     bounds=(0, 2**32 - 1), resume=True)  # numpy seeds are 32-bit
-    max_steps: int = key(300, "optimizer steps of the whole run", bounds=(1, 10**12),
-                         resume=True)
+    max_steps: int = key(300, "optimizer steps of the whole run (unless epochs is set)",
+                         bounds=(1, 10**12), resume=True)
+    epochs: int = key(0, "passes over the training split instead of max_steps (0: max_steps); "
+                      "the run states its steps", bounds=(0, 10**6), resume=True)
     device: str = key("auto", "auto: CUDA when a GPU is visible, else CPU",
                       choices=("auto", "cpu", "cuda"))
     force_resume: bool = key(False, "continue a checkpoint from a different config or dataset")
@@ -259,7 +261,31 @@ def load_config(
             origins.pop(name, None)  # re-inserted: keys keep the order of their last source
             origins[name] = origin
     drop_unread_vocab_size(values, origins)
+    settle_run_length(values, origins)
     return Loaded(validate(config_from(values)), origins)
+
+
+def settle_run_length(values: dict[str, Any], origins: dict[str, str]) -> None:
+    """`epochs` and `max_steps` both give the run's length: the one set last wins, as for any
+    key (a config file's max_steps, then epochs=2 on the command line: 2 epochs); both from one
+    source is refused. The one that lost is dropped with a line."""
+    if not values.get("epochs") or "max_steps" not in values:
+        return
+    if origins["epochs"] == origins["max_steps"]:
+        raise ConfigError(
+            f"{origins['epochs']} sets both epochs and max_steps: the run's length is one of "
+            "them (epochs=N: N passes over the training split; max_steps=N: N steps)"
+        )
+    names = list(origins)
+    lost = "max_steps" if names.index("max_steps") < names.index("epochs") else "epochs"
+    log.info(
+        "%s=%s (from %s) is replaced by %s (from %s)",
+        lost,
+        values.pop(lost),
+        origins.pop(lost),
+        *(f"{k}={values[k]}" for k in ("epochs", "max_steps") if k != lost),
+        origins["max_steps" if lost == "epochs" else "epochs"],
+    )
 
 
 def drop_unread_vocab_size(values: dict[str, Any], origins: dict[str, str]) -> None:

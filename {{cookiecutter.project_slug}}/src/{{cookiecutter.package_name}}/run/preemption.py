@@ -27,8 +27,8 @@ from .rundir import RunDir
 # fmt: off
 @dataclass
 class CheckpointKeys:
-    checkpoint_every: str = key("100", '"N" steps, "Mmin" minutes, "auto" (Young/Daly), "0" '
-                                "(end)", check=parse_interval)
+    checkpoint_every: str = key("100", '"N" steps, "Mmin" minutes, "Xepochs", "auto" '
+                                '(Young/Daly), "0" (end)', check=parse_interval)
     keep_checkpoints: int = key(3, "complete checkpoints kept", bounds=(2, 10**6))
     async_checkpoint: str = key("auto", "write in the background: auto (on GPU)",
                                 choices=AUTO)
@@ -181,7 +181,8 @@ def young_daly_interval(cost_s: float, mtbf_s: float) -> float:
 
 class CheckpointSchedule:
     """When to save: every N steps ("100"), every M minutes ("30min"), "auto" or "0" (never
-    periodically; the final and the preemption checkpoints are always written).
+    periodically; the final and the preemption checkpoints are always written). Every X epochs
+    ("1epoch") is the loop's to decide (training/epochs.py: `every_epochs` here).
 
     "auto" uses Young/Daly with the cost a save has for training: its stall (with async saves
     much less than the write), but never more often than a write takes."""
@@ -190,6 +191,7 @@ class CheckpointSchedule:
         interval = parse_interval(spec)  # the one parser of checkpoint_every
         self.every_steps, self.every_s = interval.steps, interval.minutes * 60.0
         self.auto, self.mtbf_s = interval.auto, mtbf_hours * 3600.0
+        self.every_epochs = interval.epochs
         self.last_save = time.monotonic()
         self.stall_s: float | None = None  # measured stall of the last save
         self.write_s: float | None = None  # measured time of the last complete write
@@ -224,4 +226,6 @@ class CheckpointSchedule:
             )
         if self.every_s:
             return f"every {self.every_s / 60:g} min"
+        if self.every_epochs:
+            return f"every {self.every_epochs:g} epoch(s)"
         return f"every {self.every_steps} steps" if self.every_steps else "end only"

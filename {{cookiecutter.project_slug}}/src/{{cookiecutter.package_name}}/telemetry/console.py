@@ -139,17 +139,21 @@ class Console:
                 round(math.exp(chance)),
             )
 
-    def evaluated(self, step: int, result: dict, samples_seen: int, scored: float) -> None:
+    def evaluated(
+        self, step: int, result: dict, samples_seen: int, scored: float, epoch: float | None = None
+    ) -> None:
         """One line per evaluation: the held-out loss and the task's other figures over what
-        it scored (`scored`: samples, or a language model's target tokens), data trained on."""
+        it scored (`scored`: samples, or a language model's target tokens), data trained on (and
+        the epoch, with a sample stream)."""
         self.evals.append((step, result["eval_loss"]))
         if not self.is_main:
             return
         figures = [describe(name, v) for name, v in result.items() if name != "eval_loss"]
         log.info(
-            "eval step %d/%d: loss %.4f%s over %s held-out %s; %s %s trained on",
+            "eval step %d/%d%s: loss %.4f%s over %s held-out %s; %s %s trained on",
             step,
             self.cfg.max_steps,
+            "" if epoch is None else f" epoch {epoch:.2f}",
             result["eval_loss"],
             f" ({', '.join(figures)})" if figures else "",
             count(scored),

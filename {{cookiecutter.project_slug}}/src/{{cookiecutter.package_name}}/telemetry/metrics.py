@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..config_keys import key, optional_import
+from ..config_keys import key, optional_import, parse_every
 from ..run.atomic import atomic_write
 from ..run.rundir import RunDir, reported
 from . import health, tracking
+from .console import duration
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__.split(".")[0])
 @dataclass
 class TelemetryKeys:
     log_every: int = key(25, "steps between metric records", bounds=(1, 10**12))
-    eval_every: int = key(100, "steps between evaluations; 0 disables them", bounds=(0, 10**12))
+    eval_every: str = key("100", '"N" steps or "Xepochs" between evaluations; "0": none',
+                          check=parse_every)
     eval_batches: int = key(20, "held-out batches per evaluation, all ranks together, spread "
                             "over the split (evaluate: the whole split unless given)",
                             bounds=(1, 10**6))
@@ -147,8 +149,9 @@ class Metrics:
         self.window_wait += inputs.wait_s - self._wait_seen
         self._wait_seen = inputs.wait_s
 
-    def log(self, step: int, lr: float) -> dict:
-        """Reduce across ranks (collective: all ranks call it at the same steps) and record."""
+    def log(self, step: int, lr: float, epoch: float | None = None) -> dict:
+        """Reduce across ranks (collective: all ranks call it at the same steps) and record;
+        `epoch`: passes over the training split so far (None: no sample stream)."""
         totals = torch.stack(
             [
                 torch.stack(self.losses).sum().float(),
@@ -170,6 +173,7 @@ class Metrics:
         record = {
             "kind": "train",
             "step": step,
+            **({} if epoch is None else {"epoch": epoch}),
             "loss": loss,
             "lr": lr,
             "step_time_s": step_time,
@@ -192,10 +196,11 @@ class Metrics:
         if self.is_main:
             mfu = f" | mfu {record['mfu']:.1%}" if "mfu" in record else ""
             log.info(
-                "step %d/%d loss %.4f lr %.2e | %.1f ms/step (data %.1f ms) | %.0f %s/s "
-                "(%.0f/rank)%s | mem %.2f GiB | eta %.0f s",
+                "step %d/%d%s loss %.4f lr %.2e | %.1f ms/step (data %.1f ms) | %.0f %s/s "
+                "(%.0f/rank)%s | mem %.2f GiB | eta %s",
                 step,
                 self.cfg.max_steps,
+                "" if epoch is None else f" epoch {epoch:.2f}",
                 loss,
                 lr,
                 1e3 * step_time,
@@ -205,7 +210,7 @@ class Metrics:
                 per_s / self.world,
                 mfu,
                 record["peak_mem_gib"],
-                record["eta_s"],
+                duration(record["eta_s"]),
             )
         self.write(record)
         return record
@@ -318,35 +323,59 @@ def pyplot(purpose: str):
     return matplotlib.pyplot
 
 
+# The evaluation figures `plot` draws in their own panel, and how it names them; one a task of
+# yours adds is drawn under its own name. The eval loss is drawn with the training loss.
+EVAL_FIGURES = {"eval_acc": "accuracy", "eval_top5": "top-5"}
+NOT_DRAWN = {"eval_loss", "eval_bits_per_token", "step", "epoch", "time"}  # a loss restated
+
+
+def plot_series(records: list[dict]) -> dict[str, dict[str, tuple[list, list]]]:
+    """What `plot` draws, by panel: {panel: {label: (steps, values)}}: the loss (training and
+    evaluation), the task's other evaluation figures (a classifier's accuracy and top-5) when
+    it has any, and the throughput."""
+    train = [r for r in records if r.get("kind") == "train" and has_numbers(r, "step", "loss")]
+    evals = [r for r in records if r.get("kind") == "eval" and has_numbers(r, "step")]
+
+    def series(rows: list[dict], name: str) -> tuple[list, list]:
+        rows = [r for r in rows if has_numbers(r, name)]
+        return [r["step"] for r in rows], [r[name] for r in rows]
+
+    panels = {"loss": {"train": series(train, "loss")}}
+    if any(has_numbers(r, "eval_loss") for r in evals):
+        panels["loss"]["eval"] = series(evals, "eval_loss")
+    names = dict.fromkeys(k for r in evals for k in r if k not in NOT_DRAWN and has_numbers(r, k))
+    figures = {EVAL_FIGURES.get(k, k.removeprefix("eval_")): series(evals, k) for k in names}
+    if figures:
+        panels["evaluation"] = figures
+    if train:
+        unit = throughput_unit(train[0])
+        panels[f"{unit}/s (all ranks)"] = {"all ranks": series(train, f"{unit}_per_s")}
+    return panels
+
+
 def plot(path: Path, out: Path | None = None) -> Path:
-    """PNG of loss and throughput vs step from a run directory or a metrics.jsonl file."""
+    """PNG of the loss, the task's evaluation figures and the throughput vs step, from a run
+    directory or a metrics.jsonl file (plot_series)."""
     plt = pyplot("plot")
     path = Path(path)
-    records = read_records(path)
-    train = [r for r in records if r.get("kind") == "train" and has_numbers(r, "step", "loss")]
-    evals = [r for r in records if r.get("kind") == "eval" and has_numbers(r, "step", "eval_loss")]
-    if not train:
+    panels = plot_series(read_records(path))
+    if not panels["loss"]["train"][0]:
         raise RuntimeError(f"no training records (with step and loss) in {path}")
     out = Path(out) if out else (path if path.is_dir() else path.parent) / "metrics.png"
     if out.is_dir():  # --out runs/a: the plot goes into it
         out = out / "metrics.png"
     fmt = out.suffix.lstrip(".").lower() or "png"
-    fig, (ax_loss, ax_speed) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), sharex=True)
     if fmt not in fig.canvas.get_supported_filetypes():
         plt.close(fig)
         raise RuntimeError(f"plot --out {out}: .{fmt} is not an image format matplotlib writes")
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
-    if evals:
-        ax_loss.plot(
-            [r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval"
-        )
-    ax_loss.set_ylabel("loss")
-    ax_loss.legend()
-    unit = throughput_unit(train[0])
-    speed = [r for r in train if has_numbers(r, f"{unit}_per_s")]
-    ax_speed.plot([r["step"] for r in speed], [r[f"{unit}_per_s"] for r in speed])
-    ax_speed.set_ylabel(f"{unit}/s (all ranks)")
-    ax_speed.set_xlabel("step")
+    for ax, (panel, lines) in zip(axes, panels.items(), strict=True):
+        for label, (steps, values) in lines.items():
+            ax.plot(steps, values, "-" if label in ("train", "all ranks") else "o-", label=label)
+        ax.set_ylabel(panel)
+        if len(lines) > 1 or panel == "evaluation":
+            ax.legend()
+    axes[-1].set_xlabel("step")
     fig.tight_layout()
     try:  # complete or not at all, under the name said (savefig alone appends .png to "x")
         atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt))

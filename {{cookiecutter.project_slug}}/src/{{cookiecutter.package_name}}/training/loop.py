@@ -18,6 +18,7 @@ import torch
 from .. import checkpoint, distributed
 from ..checkpoint.start import Start, open_start
 from ..config.settings import Config, ConfigError
+from ..config_keys import parse_every
 from ..data import batches as data
 from ..distributed import DistEnv
 from ..models import spec_of
@@ -28,6 +29,7 @@ from ..run.rundir import RunDir, RunDirError, removed_if_refused
 from ..telemetry import console, metrics
 from ..telemetry.profiling import StepProfiler
 from .build import build, input_pipeline
+from .epochs import Epochs
 from .start import check_ranks_agree, open_checkpoints
 from .step import evaluate, train_step
 
@@ -116,7 +118,7 @@ def run_training(
     run_dir = RunDir(cfg.run_dir)
     run = build(cfg, env, device, start)
     ckpt = open_checkpoints(run, start, origins)
-    start = run.state.step
+    cfg, start = run.cfg, run.state.step  # its length settled: max_steps from epochs=N
     eval_set = data.eval_batches(
         run.source, cfg.batch_size, env.rank, env.world_size, cfg.eval_batches
     ).keep()
@@ -130,6 +132,7 @@ def run_training(
         cfg.max_steps,
         device,
     )
+    epochs, evals = Epochs.of(run), parse_every(cfg.eval_every)
     per_sample = run.spec.units_per_sample(cfg)
     units = cfg.batch_size * cfg.grad_accum_steps * per_sample  # in the task's unit
 
@@ -164,20 +167,23 @@ def run_training(
             if step == 1:  # a new run: far above chance, the initialisation is likely broken
                 report.first_loss(loss.item(), run.spec.task.chance_loss(run.source.info))
             run.state.step = step
-            run.state.samples_seen = batches.samples_seen(step)
+            seen_before, run.state.samples_seen = run.state.samples_seen, batches.samples_seen(step)
+            epoch = epochs.epoch(run.state.samples_seen)
             meter.update(loss, inputs, run.grad_norm)  # a NaN or inf stops the run at a log
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                meter.log(step, run.scheduler.get_last_lr()[0])
+            # the first step's line at once: the time per step and the run's ETA
+            if step % cfg.log_every == 0 or step in (start + 1, cfg.max_steps):
+                meter.log(step, run.scheduler.get_last_lr()[0], epoch)
                 if lock is not None:
                     lock.refresh()  # heartbeat: a live holder is not taken over
-            if cfg.eval_every and step % cfg.eval_every == 0:
+            if epochs.due(evals, step, seen_before, run.state.samples_seen):
                 sums = evaluate(run, eval_set)
                 result = run.spec.task.report(sums)
-                meter.write({"kind": "eval", "step": step, **result})
-                report.evaluated(step, result, run.state.samples_seen, sums["count"])
+                meter.write({"kind": "eval", "step": step, **epochs.field(epoch), **result})
+                report.evaluated(step, result, run.state.samples_seen, sums["count"], epoch)
                 meter.restart_clock()
             decision = policy.poll(step)
-            if decision.save:
+            by_epochs = epochs.completes(schedule.every_epochs, seen_before, run.state.samples_seen)
+            if decision.save or by_epochs:
                 meter.check_finite(step, run.model)  # never a checkpoint of a diverged state
                 schedule.record_save(ckpt.save(step).stall_s)
                 meter.restart_clock()

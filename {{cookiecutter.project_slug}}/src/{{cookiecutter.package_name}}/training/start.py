@@ -20,6 +20,7 @@ from ..data.kinds import verify_files
 from ..distributed import DistEnv
 from ..run.rundir import RunDir, reported
 from .build import Run
+from .epochs import settle_length
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -97,8 +98,8 @@ def open_checkpoints(
     run: Run, start: Start, origins: dict[str, str] | None
 ) -> checkpoint.CheckpointManager:
     """The run's checkpoints with its start loaded (the newest good one, or a new run's weights),
-    and the run recorded in them and in config.toml (with where its values came from:
-    `origins`, load_config's)."""
+    its length settled (`epochs`), and the run recorded in them and in config.toml (with where
+    its values came from: `origins`, load_config's)."""
     cfg, env, run_dir = run.cfg, run.env, RunDir(run.cfg.run_dir)
     ckpt = checkpoint.CheckpointManager(
         run_dir.checkpoints,
@@ -109,6 +110,7 @@ def open_checkpoints(
         timeout_s=cfg.dist_timeout_s,  # a node lost during a save: the same wait as in training
     )
     resume(run, ckpt, start)
+    cfg = settle_length(run)  # epochs=N: the run's steps, from its step and data position
     # the dataset recorded as an absolute path: evaluate and generate find it from any directory
     where = cfg.dataset if cfg.dataset == "synthetic" else os.path.abspath(cfg.dataset)
     recorded = dataclasses.replace(cfg, dataset=where)
