@@ -239,7 +239,7 @@ def test_a_shard_size_that_is_no_finite_number_is_refused(capsys, value):
         main(["make-dataset", "--images", "d", "--out", "o", "--shard-mb", value])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "argument --shard-mb: expects a number" in err, err
+    assert "Traceback" not in err and "argument --shard-mb: expects a finite number" in err, err
 
 
 def test_a_negative_shard_size_is_one_line(capsys):

@@ -270,12 +270,12 @@ def number_option(text: str) -> float:
 def _option(kind: type, text: str) -> int | float:
     try:
         number = read_number(kind, text)
-        if not math.isfinite(number):  # inf and nan: no option means them
-            raise ValueError(text)
-        return number
     except ValueError:
         # argparse prints it as "argument --workers: expects ..." under its usage, exit 2
         raise argparse.ArgumentTypeError(f"expects {_FORMS[kind]}, got {shown(text)}") from None
+    if not math.isfinite(number):  # inf and nan: no option means them
+        raise argparse.ArgumentTypeError(f"expects a finite number, got {shown(text)}")
+    return number
 
 
 # ------------------------------------------- checkpoint_every and eval_every, each parsed once
