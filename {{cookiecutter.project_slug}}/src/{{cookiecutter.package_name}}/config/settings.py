@@ -372,6 +372,9 @@ def to_toml(cfg: Config) -> str:
     values = config_record(cfg)
     plain = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
     lines = [f"{key} = {toml_value(value)}\n" for key, value in plain]
+    if values.get("epochs"):  # max_steps was worked out from them: read back, a second length
+        lines = [f"# {line.rstrip()} (from epochs)\n" if line.startswith("max_steps =") else line
+                 for line in lines]  # fmt: skip
     for table, own in ((k, v) for k, v in values.items() if isinstance(v, dict)):
         lines += [f"\n[{table}]\n", *(f"{key} = {toml_value(v)}\n" for key, v in own.items())]
     return "".join(lines)
