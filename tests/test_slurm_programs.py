@@ -17,8 +17,9 @@ The two-node versions of hello_ddp.py are in tests/test_slurm_two_node.py.
 
 from __future__ import annotations
 
-import functools
+import os
 import re
+import signal
 import string
 import sys
 import time
@@ -53,6 +54,7 @@ class Job:
     signal_when: str | None = None  # a line of the log after which it gets USR2 (once) ...
     delay_s: float = 0.0  # ... this long after the line was seen
     ready: Callable[[], bool] | None = None  # ... and once this holds
+    release: Callable[[], None] | None = None  # called once the signal is sent
     seen_at: float | None = None
     signalled: bool = False
 
@@ -72,17 +74,71 @@ def write_images(folder: Path) -> None:
             Image.fromarray(pixels).save(folder / f"class{label}" / f"{i}.png")
 
 
-def between_checkpoints(outputs: Path, epoch: int) -> bool:
-    """metatrain's checkpoint of `epoch` is whole (torch.save's zip archive ends with its
-    directory) and the next is not begun."""
-    done = list(outputs.glob(f"*/*/model_{epoch}.ckpt"))
-    if len(done) != 1 or done[0].with_name(f"model_{epoch + 1}.ckpt").exists():
-        return False
+def metatrain_pids() -> list[int]:
+    """The processes running `mtt train` (the job's command, exec'd by its bash)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if any(a.endswith(b"mtt") for a in argv) and b"train" in argv:
+            found.append(int(entry.name))
+    return [pid for pid in found if parent(pid) not in found]  # not its loader workers
+
+
+def parent(pid: int) -> int:
     try:
-        with zipfile.ZipFile(done[0]) as archive:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class Frozen:
+    """metatrain stopped (SIGSTOP) between two checkpoint writes: `ready()` freezes it and holds
+    it frozen once its newest checkpoint, of epoch >= `epoch`, is whole (torch.save's zip
+    archive ends with its directory); `release()`, after the job's USR2 is pending in it,
+    lets it go on to die of that signal. Frozen, it cannot begin the next write while the signal
+    travels (a fixed delay after an epoch line cut a checkpoint on a loaded machine, and on an
+    idle one the next epoch's write had begun before the check)."""
+
+    def __init__(self, outputs: Path, epoch: int):
+        self.outputs, self.epoch, self.pid = outputs, epoch, None
+
+    def ready(self) -> bool:
+        pids = metatrain_pids()
+        if len(pids) != 1:
+            return False
+        os.kill(pids[0], signal.SIGSTOP)
+        written = sorted(
+            self.outputs.glob("*/*/model_*.ckpt"), key=lambda p: int(p.stem.split("_")[1])
+        )
+        if written and int(written[-1].stem.split("_")[1]) >= self.epoch and whole(written[-1]):
+            self.pid = pids[0]
+            return True
+        os.kill(pids[0], signal.SIGCONT)
+        return False
+
+    def release(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not usr2_pending(self.pid):
+            time.sleep(0.05)
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def whole(checkpoint: Path) -> bool:
+    try:
+        with zipfile.ZipFile(checkpoint) as archive:
             return archive.testzip() is None
     except (OSError, zipfile.BadZipFile):  # still being written
         return False
+
+
+def usr2_pending(pid: int) -> bool:
+    """Whether SIGUSR2 waits in the process (/proc's ShdPnd mask: bit n - 1 for signal n)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = int(re.search(r"^ShdPnd:\s+([0-9a-f]+)", status, re.M).group(1), 16)
+    return bool(pending >> (signal.SIGUSR2 - 1) & 1)
 
 
 def drive(slurm, started: dict[str, Job], timeout: float) -> None:
@@ -101,6 +157,8 @@ def drive(slurm, started: dict[str, Job], timeout: float) -> None:
             if due and waited and (job.ready is None or job.ready()):
                 slurm.run("scancel", "--signal=USR2", str(job.sub.job_id))  # as --signal does
                 job.signalled = True
+                if job.release is not None:
+                    job.release()
         if not running:
             return
         if time.monotonic() > deadline:
@@ -148,13 +206,13 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     env = clean_env() | {"DATA_DIR": str(made_here)}
     run([sys.executable, "cu_emt.py"], cwd=container.path, env=env)
     mtt = jobs.page_command(container, "mtt train")
-    # after the line of epoch 2 metatrain writes model_2.ckpt, in place: the signal comes once
-    # that file is whole and the next is not begun, in epoch 3's training (one cut in the middle
-    # of a write would be what --restart auto takes and fails on: docs/your-program.md says so;
-    # a fixed delay after the line cut model_3.ckpt on a loaded machine, whose epochs took 1 s)
+    # metatrain writes each epoch's checkpoint in place: the signal reaches it frozen between two
+    # writes, after epoch 2's (one cut in the middle of a write would be what --restart auto
+    # takes and fails on: docs/your-program.md says so)
     epoch = r"^\S+ \[[^]]+\]\[INFO\] - Epoch:\s+2 "
     mtt_job = submit("metatrain", container, mtt, ONE_TASK, 1, epoch)
-    mtt_job.ready = functools.partial(between_checkpoints, mtt_job.sub.run_dir / "outputs", 2)
+    frozen = Frozen(mtt_job.sub.run_dir / "outputs", 2)
+    mtt_job.ready, mtt_job.release = frozen.ready, frozen.release
     started |= {"cu-data": data, "mtt": mtt_job}
     failing = "sbatch jobs/train_container.sbatch -- python -c " + repr(
         "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else "
