@@ -2,12 +2,12 @@
 make-dataset --images (its validation images from their own folder, `--val`), trained with 2
 loader processes per rank and random augmentation (crop, flip): torchvision's ResNet-18 with DDP
 (batch norm) and timm's test ConvNeXt (`stages[i].blocks[j]` as units) with FSDP2; the ResNet-18
-for `epochs=4` with evaluations and checkpoints in epochs. kill -9, then the same command resumes: the model (BatchNorm's running statistics included),
-optimizer, schedule and RNG states at the end are bit-identical to an uninterrupted run's. The
-run resumes from a checkpoint (in the middle of an epoch) that no evaluation just preceded, and
-replays one before the next. The images are learnable (noise tinted with the class's colour), so
-the ResNet-18's accuracy ends far above chance. docs/vision.md's local command trains on the
-same images, as written.
+for `epochs=4` with evaluations and checkpoints in epochs. kill -9, then the same command
+resumes: the model (BatchNorm's running statistics included), optimizer, schedule and RNG states
+at the end are bit-identical to an uninterrupted run's. The run resumes from a checkpoint (in the
+middle of an epoch) that no evaluation just preceded, and replays one before the next. The images
+are learnable (noise tinted with the class's colour), so the ResNet-18's accuracy ends far above
+chance. docs/vision.md's local command trains on the same images, as written.
 
 Then docs/vision.md's snippet, as written, rebuilds the evaluation transform and the model from
 the exported file alone and scores the validation folder: `evaluate`'s accuracy and loss."""
