@@ -49,6 +49,7 @@ def test_package_layout(repo, package):
         "data": {
             "__init__",
             "arrays",
+            "augmentation",
             "batches",
             "chat",
             "directory",

@@ -78,7 +78,7 @@ def test_the_plain_loop_reads_the_packages_images_with_the_same_labels(packed):
     cfg = load_config(None, vision_args(packed)).config
     package = open_splits(cfg, spec_of(cfg))
     package_split = package.train
-    plain = plain_loader.PackedImagesPlainly(packed, recorded(package.info.details))
+    plain = plain_loader.PackedImagesPlainly(packed, recorded(package.info.details), cfg)
     assert len(plain) == len(package_split)
     for index in (0, len(plain) - 1):
         torch.manual_seed(index)

@@ -20,6 +20,7 @@ from conftest import one_line
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config_keys import ConfigError
 from {{ cookiecutter.package_name }}.data import kinds
+from {{ cookiecutter.package_name }}.data.augmentation import AugmentationKeys
 from {{ cookiecutter.package_name }}.data.directory import DatasetError, sample_sha256
 
 
@@ -228,7 +229,7 @@ def test_image_records_are_checked_at_open(images, tmp_path, change, expected):
     (directory / "train-index.npy").write_bytes(buffer.getvalue())
     digest = "sha256:" + hashlib.sha256(buffer.getvalue()).hexdigest()
     mutated_index(directory, lambda index: index["train"].update(sha256=digest))
-    cfg = SimpleNamespace(image_size=16)
+    cfg = SimpleNamespace(image_size=16, **vars(AugmentationKeys()))
     with pytest.raises(DatasetError, match=expected):
         kinds.KINDS["images"].open(directory, cfg, None)
 

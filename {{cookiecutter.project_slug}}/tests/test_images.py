@@ -17,6 +17,7 @@ from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config_keys import ConfigError  # noqa: E402
 from {{ cookiecutter.package_name }}.data import batches, images, kinds, preprocessing  # noqa: E402
+from {{ cookiecutter.package_name }}.data.augmentation import AugmentationKeys  # noqa: E402
 from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import image_check  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
@@ -44,8 +45,9 @@ def image_folder(root: Path, per_class: int = 6, first_seed: int = 0) -> Path:
 
 
 def cfg(**values):
-    defaults = dict(image_size=16, seed=7, batch_size=4, grad_accum_steps=1)
-    return SimpleNamespace(**{**defaults, **values})
+    """What the images kind reads of a run's config: its keys (the augmentation's defaults)."""
+    defaults = vars(AugmentationKeys()) | dict(image_size=16, seed=7, batch_size=4)
+    return SimpleNamespace(**{**defaults, "grad_accum_steps": 1, **values})
 
 
 def open_splits(directory: Path, **values):

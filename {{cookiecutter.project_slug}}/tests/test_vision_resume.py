@@ -1,13 +1,15 @@
 """Image models end to end on 2 CPU ranks (gloo): an ImageFolder drawn here, packed by
 make-dataset --images (its validation images from their own folder, `--val`), trained with 2
-loader processes per rank and random augmentation (crop, flip): torchvision's ResNet-18 with DDP
-(batch norm) and timm's test ConvNeXt (`stages[i].blocks[j]` as units) with FSDP2; the ResNet-18
-for `epochs=4` with evaluations and checkpoints in epochs. kill -9, then the same command
-resumes: the model (BatchNorm's running statistics included), optimizer, schedule and RNG states
-at the end are bit-identical to an uninterrupted run's. The run resumes from a checkpoint (in the
-middle of an epoch) that no evaluation just preceded, and replays one before the next. The images
-are learnable (noise tinted with the class's colour), so the ResNet-18's accuracy ends far above
-chance. docs/vision.md's local command trains on the same images, as written.
+loader processes per rank and random augmentation: torchvision's ResNet-18 with DDP (batch norm)
+and docs/vision.md's recipe for long runs on photos (TrivialAugment, random erasing, mixup or
+cutmix per batch, label smoothing), for `epochs=4` with evaluations and checkpoints in epochs;
+timm's test ConvNeXt (`stages[i].blocks[j]` as units) with FSDP2 and the default crop and flip.
+kill -9, then the same command resumes: the model (BatchNorm's running statistics included),
+optimizer, schedule and RNG states at the end are bit-identical to an uninterrupted run's. The
+run resumes from a checkpoint (in the middle of an epoch) that no evaluation just preceded, and
+replays one before the next. The images are learnable (noise tinted with the class's colour), so
+the ResNet-18's accuracy ends far above chance. docs/vision.md's local command trains on the same
+images, as written.
 
 Then docs/vision.md's snippet, as written, rebuilds the evaluation transform and the model from
 the exported file alone and scores the validation folder: `evaluate`'s accuracy and loss."""
@@ -43,8 +45,11 @@ NEEDS_TIMM = pytest.mark.skipif(
 EPOCHS = ["epochs=4", "eval_every=2epochs", "checkpoint_every=1.5epochs"]  # 6 steps an epoch:
 # evaluations at 12 and 24, checkpoints at 9 (mid-epoch, no evaluation), 18 and the last
 STEPS = ["max_steps=12", "eval_every=6", "checkpoint_every=5"]  # not at an evaluation's step
+# docs/vision.md's recipe for long runs on photos: a policy, erasing, mixup or cutmix per batch
+RECIPE = ["auto_augment=trivialaugment", "random_erase=0.1", "label_smoothing=0.1", "mixup=0.2",
+          "cutmix=1.0"]  # fmt: skip
 CASES = [
-    pytest.param("ddp", ["model=vision", "vision_model=resnet18", "image_size=16"],
+    pytest.param("ddp", ["model=vision", "vision_model=resnet18", "image_size=16", *RECIPE],
                  EPOCHS, 24, 11, id="ddp-torchvision"),
     pytest.param("fsdp", ["model=timm", "timm_model=test_convnext", "image_size=32"],
                  STEPS, 12, 7, id="fsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times

@@ -7,7 +7,9 @@ epochs, each a permutation of its indices that depends on (seed, epoch) alone; a
 micro-batch is its slice of that stream at `samples_seen` (saved in the checkpoint), so a resume
 on another number of ranks continues the same stream. Each sample is read under its own seed,
 (seed, epoch, index): its random augmentation is the same in any loader process, for any
-`num_workers`. (A kind may draw its own batches instead: token windows at random positions.)
+`num_workers`; a split's `mix` (images: mixup, cutmix, label smoothing) mixes each collated
+micro-batch under (seed, step, micro-step, rank). (A kind may draw its own batches instead: token
+windows at random positions.)
 
 How batches reach the GPU (see docs/training.md): an in-memory dataset that fits stays on the GPU
 and batches are gathered there; otherwise batches are gathered on the CPU (by `num_workers`
@@ -104,12 +106,13 @@ class SampleStream:
 
 
 @contextmanager
-def sample_seed(seed: int, epoch: int, index: int) -> Iterator[None]:
-    """torch's (CPU), numpy's and Python's global random generators seeded from (seed, epoch,
-    index) while one sample is read: its random augmentation is a function of those three, in
-    any process. The training process gets its generators back (dropout draws from torch's); a
-    loader process needs nothing back, which saves about 0.1 ms a sample."""
-    digest = hashlib.blake2b(f"{seed},{epoch},{index}".encode(), digest_size=8).digest()
+def seeded(*key) -> Iterator[None]:
+    """torch's (CPU), numpy's and Python's global random generators seeded from `key` while a
+    sample (seed, epoch, index) or a batch's mixing (seed, "mix", step, micro-step, rank) is
+    read: its random augmentation is a function of the key, in any process. The training
+    process gets its generators back (dropout draws from torch's); a loader process needs
+    nothing back, which saves about 0.1 ms a sample."""
+    digest = hashlib.blake2b(",".join(map(str, key)).encode(), digest_size=8).digest()
     value = int.from_bytes(digest, "little")
     restore = get_worker_info() is None
     if restore:
@@ -134,7 +137,7 @@ def read_samples(split: Dataset, indices: np.ndarray, epochs: np.ndarray, seed: 
         return gather(indices)
     samples = []
     for index, epoch in zip(indices.tolist(), epochs.tolist(), strict=True):
-        with sample_seed(seed, epoch, index):
+        with seeded(seed, epoch, index):
             samples.append(split[index])
     return collate(samples)
 
@@ -269,7 +272,12 @@ class StepBatches:
         if data.draw is not None:
             return data.draw(cfg.seed, step, micro, self.rank, cfg.batch_size)
         indices, epochs = self.samples(step, micro)
-        return read_samples(data.train, indices, epochs, cfg.seed, data.collate)
+        batch = read_samples(data.train, indices, epochs, cfg.seed, data.collate)
+        mix = getattr(data.train, "mix", None)  # images: mixup, cutmix, label smoothing
+        if mix is not None:
+            with seeded(cfg.seed, "mix", step, micro, self.rank):
+                batch = mix(batch)
+        return batch
 
     def samples(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """The sample indices of this rank's micro-batch (and the epoch of each)."""

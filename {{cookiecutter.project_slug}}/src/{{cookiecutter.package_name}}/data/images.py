@@ -19,9 +19,9 @@ A sample is `(image, label)`: a float32 tensor (3, size, size) normalised with t
 and std (preprocessing.py: ImageNet's, or a timm model's own), and an int64 label. Images are
 decoded with PIL in the loader workers (its raster decoders only, RASTER_FORMATS: never
 Ghostscript for an EPS file), turned upright by their EXIF orientation, then transformed with
-torchvision.transforms.v2: a random resized crop and a horizontal flip for training, a resize and
-a centre crop for evaluation. Their randomness comes
-from torch's global generator, which batches.py seeds per sample from (seed, epoch, index).
+torchvision.transforms.v2: for training as augmentation.py's keys say (by default a random
+resized crop and a horizontal flip), for evaluation a resize and a centre crop. Their randomness
+comes from torch's global generator, which batches.py seeds per sample from (seed, epoch, index).
 torchvision (and Pillow) are the optional `[vision]` extra: imported only where needed.
 
 Pixel formats: 8-bit images (JPEG, PNG, WebP, ...; grey, palette, CMYK, alpha) are converted to
@@ -47,6 +47,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config_keys import ConfigError, first_line, key, optional_import
+from .augmentation import AugmentationKeys, batch_mix, described, train_transform
 from .directory import (
     DatasetError,
     ShardFile,
@@ -56,7 +57,7 @@ from .directory import (
     read_index,
 )
 from .info import DataInfo, DatasetKind, Splits
-from .preprocessing import Preprocessing, eval_transform, resolve, train_transform
+from .preprocessing import Preprocessing, eval_transform, resolve
 
 FORMAT = "images/1"
 SPLITS = ("train", "val")
@@ -79,8 +80,9 @@ def _side(value: int) -> None:
 
 
 @dataclass
-class ImageKeys:
-    """The images kind's own config keys (`KIND.keys`): `cfg.image_size`."""
+class ImageKeys(AugmentationKeys):
+    """The images kind's own config keys (`KIND.keys`): `cfg.image_size` and the augmentation's
+    (augmentation.py)."""
 
     image_size: int = key(
         0,
@@ -243,17 +245,22 @@ def open_images(directory: Path, cfg, spec) -> Splits:
     index = read_image_index(directory)
     datasets = {}
     pre = resolve(cfg, spec)
-    for split, transform in zip(SPLITS, (train_transform, eval_transform), strict=True):
+    transforms = {"train": train_transform(pre, cfg), "val": eval_transform(pre)}
+    for split in SPLITS:
         entries = index[split]["shards"]
         shards = [open_checked(directory, e, int(e["bytes"]), np.uint8, "byte") for e in entries]
         records = read_records(directory, index, split)
         pixel_range = index.get("pixel_range")
-        datasets[split] = ImageSplit(records, shards, transform(pre), pixel_range)
+        datasets[split] = ImageSplit(records, shards, transforms[split], pixel_range)
     classes = tuple(index["classes"])
-    return image_splits(datasets["train"], datasets["val"], index["fingerprint"], classes, pre)
+    train, val = datasets["train"], datasets["val"]
+    return image_splits(train, val, index["fingerprint"], classes, pre, cfg)
 
 
-def image_splits(train, val, fingerprint: str, classes: tuple, pre: Preprocessing) -> Splits:
+def image_splits(train, val, fingerprint: str, classes: tuple, pre: Preprocessing, cfg) -> Splits:
+    """The Splits of an images dataset; the training split mixes its batches (`mix`: mixup,
+    cutmix, label smoothing) where the config says so (batches.py applies it)."""
+    train.mix = batch_mix(cfg, len(classes))
     info = DataInfo(
         "images",
         fingerprint,
@@ -261,7 +268,7 @@ def image_splits(train, val, fingerprint: str, classes: tuple, pre: Preprocessin
         class_names=classes,
         details={"image_size": pre.size, "preprocessing": pre.record()},
     )
-    return Splits(train=train, val=val, info=info, decodes=True)
+    return Splits(train=train, val=val, info=info, decodes=True, notes=described(pre, cfg))
 
 
 # --- dataset=synthetic -----------------------------------------------------------------------
@@ -301,7 +308,8 @@ def synthetic(cfg, spec) -> Splits:
     image_size, with the augmentation of a dataset directory."""
     pre = resolve(cfg, spec)
     size, classes = pre.size, cfg.num_classes
-    train = SyntheticImages(cfg.synthetic_samples, 0, classes, size, cfg.seed, train_transform(pre))
+    augmented = train_transform(pre, cfg)
+    train = SyntheticImages(cfg.synthetic_samples, 0, classes, size, cfg.seed, augmented)
     val = SyntheticImages(
         cfg.eval_samples, cfg.synthetic_samples, classes, size, cfg.seed, eval_transform(pre)
     )
@@ -310,7 +318,7 @@ def synthetic(cfg, spec) -> Splits:
         f"seed={cfg.seed}"
     )
     names = tuple(f"class{k}" for k in range(classes))
-    return image_splits(train, val, fingerprint, names, pre)
+    return image_splits(train, val, fingerprint, names, pre, cfg)
 
 
 KIND = DatasetKind(

@@ -75,6 +75,8 @@ class Splits:
     nbytes, to: an in-memory dataset's size, and how it moves to the GPU (data_on_gpu).
     files: the dataset's files by path, each with the sha256 make-dataset recorded for it: a
         training start reads them in full, every rank its share (kinds.verify_files).
+    notes: what a training run's start says of the data besides its counts (images: the
+        augmentation).
     """
 
     train: Dataset | None
@@ -87,6 +89,7 @@ class Splits:
     nbytes: int = 0
     to: Callable[[Any], None] | None = None
     files: dict[Path, str] = field(default_factory=dict)
+    notes: str = ""
 
 
 @dataclass(frozen=True)

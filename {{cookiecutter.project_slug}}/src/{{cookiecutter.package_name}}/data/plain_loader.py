@@ -9,7 +9,9 @@ epoch (`sampler.set_epoch`), with none of the package's batching or per-sample s
 For a directory written by `make-dataset --images` the Dataset is written plainly here too: it
 opens the shard for each image, reads the record at its offset and decodes it with PIL, as an
 ImageFolder opens each file (not the package's reader), then applies the same torchvision
-transforms as the images kind (random resized crop, flip, normalisation). Any other decoded
+transforms as the images kind (data/augmentation.py: by default a random resized crop, a flip,
+the normalisation) and mixes batches in the loader's collate_fn (mixup, cutmix, label smoothing,
+where set), as the reference does. Any other decoded
 dataset (`dataset=synthetic` images, a kind of yours) is its own training split, read as it is.
 """
 
@@ -24,11 +26,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .augmentation import train_transform
 from .batches import PREFETCH_FACTOR  # the same depth as the package's loader
 from .directory import INDEX_FILE, DatasetError, ShardFile
 from .images import open_image
 from .info import Splits
-from .preprocessing import Preprocessing, recorded, train_transform
+from .preprocessing import Preprocessing, recorded
 from .tokens import TokenDataset, synthetic_tokens
 
 
@@ -36,11 +39,11 @@ class PackedImagesPlainly(Dataset):
     """The training images of a make-dataset --images directory: item i opens its shard, reads
     record i (offset, length) and decodes it with PIL; (transformed image, int64 label)."""
 
-    def __init__(self, directory: Path, pre: Preprocessing):
+    def __init__(self, directory: Path, pre: Preprocessing, cfg):
         index = json.loads((directory / INDEX_FILE).read_text())
         self.records = np.load(directory / index["train"]["index"])
         self.shards = [directory / entry["name"] for entry in index["train"]["shards"]]
-        self.transform = train_transform(pre)
+        self.transform = train_transform(pre, cfg)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -57,9 +60,25 @@ class PackedImagesPlainly(Dataset):
 def plain_training_set(source: Splits, cfg) -> tuple[Dataset, str]:
     """(the training Dataset of the plain loop, what it is in a few words)."""
     if source.info.kind == "images" and cfg.dataset != "synthetic":
-        dataset = PackedImagesPlainly(Path(cfg.dataset), recorded(source.info.details))
+        dataset = PackedImagesPlainly(Path(cfg.dataset), recorded(source.info.details), cfg)
         return dataset, "each image's shard opened and read at its offset, decoded with PIL"
     return source.train, f"the {source.info.kind} kind's own training split"
+
+
+class MixedCollate:
+    """A collate followed by a batch mix (images: data/augmentation.py's BatchMix)."""
+
+    def __init__(self, collate, mix):
+        self.collate, self.mix = collate, mix
+
+    def __call__(self, samples):
+        return self.mix(self.collate(samples))
+
+
+def plain_collate(source: Splits):
+    """The plain loop's collate_fn: the kind's, then its training split's `mix` if it has one."""
+    mix = getattr(source.train, "mix", None)
+    return source.collate if mix is None else MixedCollate(source.collate, mix)
 
 
 def plain_batches(

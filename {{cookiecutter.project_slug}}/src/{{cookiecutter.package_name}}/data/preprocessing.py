@@ -1,12 +1,14 @@
 """How an image becomes the model's input: its size, the evaluation resize and crop, the
 interpolation, the mean and std. One `Preprocessing` per run, resolved once from the config and
 the model (`resolve`), recorded in the dataset's info (so every checkpoint and every export
-carries it: `export_fields`) and turned into the loader workers' transforms here.
+carries it: `export_fields`) and turned into the evaluation transform here (the training one,
+with its augmentation: augmentation.py).
 
-Where each value comes from: `image_size` when set (0: the model's); the rest from the model's
-spec when it has its own (`ModelSpec.preprocessing`: a timm model's pretrained config, e.g.
-bicubic, crop 0.9, mean and std 0.5 for a ViT), else torchvision's ImageNet convention
-(bilinear, resize to size * 256 / 224, ImageNet's mean and std).
+Where each value comes from: `image_size`, `interpolation` and `eval_crop_fraction` when set
+(augmentation.py declares the last two); the rest from the model's spec when it has its own
+(`ModelSpec.preprocessing`: a timm model's pretrained config, e.g. bicubic, crop 0.9, mean and
+std 0.5 for a ViT), else torchvision's ImageNet convention (bilinear, resize to size * 256 / 224,
+ImageNet's mean and std).
 
 The evaluation transform is timm's `transforms_imagenet_eval` and torchvision's reference
 `ClassificationPresetEval`: the shorter side resized to `resize` (crop "center"; both sides for
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -56,16 +58,18 @@ def resize_for(size: int, crop_fraction: float, rounding=math.floor) -> int:
 
 
 def resolve(cfg, spec) -> Preprocessing:
-    """The run's preprocessing: `image_size` if set, the model's own (spec.preprocessing) where
-    it has them, else torchvision's convention."""
+    """The run's preprocessing: `image_size`, `interpolation` and `eval_crop_fraction` where
+    set, else the model's own (spec.preprocessing) where it has them, else torchvision's
+    convention."""
     model_own = getattr(spec, "preprocessing", None)  # None: no spec, or a stand-in's
     own = model_own(cfg) if model_own else None
     if own is None:
         size = cfg.image_size or TORCHVISION_SIZE
-        return Preprocessing(
+        pre = Preprocessing(
             size, resize_for(size, TORCHVISION_CROP, round), "center", "bilinear",
             IMAGENET_MEAN, IMAGENET_STD,
         )  # fmt: skip
+        return chosen(pre, cfg)
     size = cfg.image_size or int(own["size"])
     crop = own.get("crop", "center")
     if crop not in CROPS:  # timm's "border" (6 of its ~1800 pretrained configs): a centre crop
@@ -73,10 +77,21 @@ def resolve(cfg, spec) -> Preprocessing:
     interpolation = own.get("interpolation", "bilinear")
     if interpolation not in INTERPOLATIONS:
         raise ConfigError(f"model={cfg.model}: unknown interpolation {interpolation!r}")
-    return Preprocessing(
+    pre = Preprocessing(
         size, resize_for(size, float(own["crop_fraction"])), crop, interpolation,
         tuple(own["mean"]), tuple(own["std"]),
     )  # fmt: skip
+    return chosen(pre, cfg)
+
+
+def chosen(pre: Preprocessing, cfg) -> Preprocessing:
+    """`pre` with the interpolation and evaluation crop the config sets (data/augmentation.py's
+    keys; "auto" and 0 keep the model's)."""
+    if cfg.interpolation != "auto":
+        pre = replace(pre, interpolation=cfg.interpolation)
+    if cfg.eval_crop_fraction:
+        pre = replace(pre, resize=resize_for(pre.size, cfg.eval_crop_fraction))
+    return pre
 
 
 def recorded(details: dict) -> Preprocessing:
@@ -90,19 +105,6 @@ def transforms_v2():
     from torchvision.transforms import v2
 
     return v2
-
-
-def train_transform(pre: Preprocessing):
-    """PIL image -> normalised float32 tensor: a random resized crop and a horizontal flip."""
-    v2 = transforms_v2()
-    mode = v2.InterpolationMode(pre.interpolation)
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(pre.size, interpolation=mode, antialias=True),
-            v2.RandomHorizontalFlip(),
-            *to_normalised_tensor(v2, pre),
-        ]
-    )
 
 
 def eval_transform(pre: Preprocessing):

@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean"):
-    """Cross entropy in fp32 (also for bf16 logits): (B, C) logits with (B,) labels, or
+    """Cross entropy in fp32 (also for bf16 logits): (B, C) logits with (B,) labels or with
+    (B, C) class probabilities (mixup, cutmix, label smoothing: data/augmentation.py), or
     (B, T, V) logits with (B, T) next tokens; targets IGNORE_INDEX are left out."""
+    if target.is_floating_point():
+        return F.cross_entropy(output.float(), target, reduction=reduction)
     return F.cross_entropy(
         output.flatten(0, -2).float(),
         target.flatten(),
@@ -40,7 +43,10 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "
 
 def scored(target: torch.Tensor) -> torch.Tensor:
     """How many targets the loss reads: all but those IGNORE_INDEX (padding, the tokens of a
-    validation window that another window scores, a conversation's prompt)."""
+    validation window that another window scores, a conversation's prompt). (B, C) class
+    probabilities: B."""
+    if target.is_floating_point():
+        return torch.tensor(target.shape[0], device=target.device)
     return (target != IGNORE_INDEX).sum()
 
 

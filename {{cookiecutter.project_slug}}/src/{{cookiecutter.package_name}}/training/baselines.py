@@ -18,7 +18,13 @@ from .. import parallel
 from ..config.settings import Config
 from ..data.batches import map_tensors
 from ..data.info import token_batch
-from ..data.plain_loader import plain_batches, plain_training_set, read_windows, token_dataset
+from ..data.plain_loader import (
+    plain_batches,
+    plain_collate,
+    plain_training_set,
+    read_windows,
+    token_dataset,
+)
 from ..optim import make_optimizer
 
 
@@ -118,7 +124,7 @@ def plain_loop(run, workers: int) -> Baseline:
     sides), loss and autocast."""
     cfg, env, device = run.cfg, run.env, run.device
     dataset, reads = plain_training_set(run.source, cfg)
-    collate = run.source.collate
+    collate = plain_collate(run.source)
     pin = device.type == "cuda"
     batches = plain_batches(dataset, collate, cfg, env.rank, env.world_size, workers, pin)
     model, optimizer = loop_model(run)

@@ -155,6 +155,8 @@ def run_training(
         run.flops_per_step / 1e9,
         schedule.describe(),
     )
+    if run.source.notes and env.is_main:
+        log.info("%s", run.source.notes)
     report = console.Console(
         cfg, env.is_main, device, run.flops_per_step, per_sample, start, units_seen
     )
