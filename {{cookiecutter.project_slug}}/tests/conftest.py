@@ -293,6 +293,28 @@ def single_process(monkeypatch):
 
 
 @pytest.fixture
+def cli(single_process, capfd, monkeypatch):
+    """`python -m <package> ARGS` as a call in this process, from the repo's root: -> a
+    subprocess.CompletedProcess (returncode, stdout, stderr). A command that one process runs
+    and whose exit status and lines are what a test reads needs no interpreter of its own, and
+    saves the 3 to 6 s of starting one with torch (and transformers) on a busy machine."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def call(*argv) -> subprocess.CompletedProcess:
+        capfd.readouterr()
+        try:
+            status = main([str(arg) for arg in argv])
+        except SystemExit as exit_:  # argparse's usage errors
+            status = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(list(argv), status, out, err)
+
+    return call
+
+
+@pytest.fixture
 def no_terminal(monkeypatch) -> list[str]:
     """stdin closed, and every question put to the user (`input`) recorded and answered by an
     end of file: a test asserts the list stays empty (transformers asks whether to run a

@@ -81,9 +81,9 @@ def last_eval(run_dir) -> dict:
     return [r for r in records if r.get("kind") == "eval"][-1]
 
 
-def test_the_newest_checkpoint_on_its_own_validation_split(trained):
+def test_the_newest_checkpoint_on_its_own_validation_split(trained, cli):
     before = tree(trained)
-    done = run("evaluate", f"run_dir={trained}", "eval_batches=2", "device=cpu")
+    done = cli("evaluate", f"run_dir={trained}", "eval_batches=2", "device=cpu")
     assert done.returncode == 0, done.stderr[-2000:]
     (line,) = done.stdout.strip().splitlines()
     result = json.loads(line)
@@ -122,25 +122,25 @@ def test_one_and_two_ranks_score_the_whole_split_alike(trained, token_data, sing
         (["dataset=synthetic", "vocab_size=512"], "not vocab_size"),
     ],
 )
-def test_wrong_arguments_are_one_line(trained, args, expected):
+def test_wrong_arguments_are_one_line(trained, args, expected, cli):
     run_dir = [f"run_dir={trained}"] if args else []
-    done = run("evaluate", *run_dir, *args)
+    done = cli("evaluate", *run_dir, *args)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert expected in done.stderr.strip().splitlines()[-1]
 
 
-def test_a_directory_without_a_run_is_one_line(tmp_path):
-    done = run("evaluate", f"run_dir={tmp_path}")
+def test_a_directory_without_a_run_is_one_line(tmp_path, cli):
+    done = cli("evaluate", f"run_dir={tmp_path}")
     assert done.returncode == 2 and "no config.toml" in done.stderr.strip().splitlines()[-1]
 
 
-def test_a_classifier_scores_every_sample_on_one_and_two_ranks(tmp_path, single_process, capsys):
+def test_a_classifier_scores_every_sample_on_one_and_two_ranks(tmp_path, cli):
     """201 validation samples: none left out on 2 ranks (one rank has one more, the other runs
     one batch more that is not counted), the same loss and accuracy as on 1 rank."""
     run_dir = tmp_path / "mlp"
-    assert run(*TINY_MLP, f"run_dir={run_dir}", *ARGS, "eval_samples=201").returncode == 0
+    assert cli(*TINY_MLP, f"run_dir={run_dir}", *ARGS, "eval_samples=201").returncode == 0
     args = ["evaluate", f"run_dir={run_dir}", "device=cpu", "batch_size=100"]
-    a = evaluated(capsys, *args[1:])
+    a = json.loads(cli(*args).stdout)
     (first, out, err), _ = two_ranks([args, args])
     assert first.returncode == 0, err[-2000:]
     b = json.loads(out)
@@ -199,7 +199,7 @@ def test_hf_model_without_a_dataset_is_one_line(tmp_path, single_process, capsys
     assert "evaluate hf_model=DIR needs dataset=D" in one_line(capsys)
 
 
-def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path):
+def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path, cli):
     """The run's checkpoint lost a file: evaluate names it and stops in one line (it read the
     damaged checkpoint's record first, and DCP's exception escaped as a traceback)."""
     import shutil
@@ -208,7 +208,7 @@ def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path):
     shutil.copytree(trained, run_dir)
     (newest,) = (run_dir / "checkpoints").glob("step-*")
     next(newest.glob("*.distcp")).unlink()
-    done = run("evaluate", f"run_dir={run_dir}", "eval_batches=1", "device=cpu")
+    done = cli("evaluate", f"run_dir={run_dir}", "eval_batches=1", "device=cpu")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"skipping checkpoint {newest}" in done.stderr
     last = done.stderr.strip().splitlines()[-1]

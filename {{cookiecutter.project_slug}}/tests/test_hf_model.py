@@ -1,29 +1,17 @@
 """`model=hf`: a transformers causal LM from a directory (GPT-2, Llama, Qwen2 here: tiny ones
 with large random weights, made offline) trains with FSDP and DDP on two CPU ranks from its
 pretrained weights, checkpoints, reshards to one rank, and exports a directory whose logits under
-transformers are the original model's (lr=1e-12: the weights barely move)."""
+transformers are the original model's (lr=1e-12: the weights barely move). Its bit-exact resume
+after kill -9 with FSDP: test_lora.py (the same Llama, with adapters); the GPT's: test_resume.py.
+The commands one process runs are run in this one (the `cli` fixture)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import (
-    PACKAGE,
-    REPO,
-    TIMEOUT_S,
-    TINY,
-    Ranks,
-    assert_same_training_state,
-    checkpoint_steps,
-    clean_env,
-    kill_9_then_resume,
-    load_checkpoint,
-    two_ranks,
-)
+from conftest import TINY, Ranks, checkpoint_steps, load_checkpoint, two_ranks
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
@@ -72,7 +60,7 @@ def logits(model, ids):
 
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
-def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, tmp_path):
+def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, tmp_path, cli):
     original = make_model(arch, tmp_path / "model")
     run_dir = tmp_path / "run"
     # activation checkpointing too: each decoder layer gets its masks and position embeddings,
@@ -82,33 +70,23 @@ def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, tmp_path):
     assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
     assert "from the weights of" in ranks.log(0) and checkpoint_steps(run_dir) == [2]
     out = tmp_path / "export"
-    done = subprocess.run(
-        [sys.executable, "-m", PACKAGE, "export", f"run_dir={run_dir}", "--format", "hf",
-         "--out", str(out)],
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    done = cli("export", f"run_dir={run_dir}", "--format", "hf", "--out", out)
     assert done.returncode == 0, done.stderr[-2000:]
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(logits(exported, ids), logits(original, ids), rtol=0, atol=1e-4)
 
 
-def test_ddp_then_one_rank_resumes_the_two_rank_checkpoint(tmp_path):
+def test_ddp_then_one_rank_resumes_the_two_rank_checkpoint(tmp_path, cli):
     make_model("llama", tmp_path / "model")
     run_dir = tmp_path / "run"
     ranks = Ranks(args(tmp_path / "model", run_dir, "parallelism=ddp"), tmp_path / "logs")
     assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
     more = args(tmp_path / "model", run_dir, "max_steps=4", "checkpoint_every=2")
-    done = subprocess.run(
-        [sys.executable, "-m", PACKAGE, *more], cwd=REPO, env=clean_env(),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    done = cli(*more)
     # max_steps is part of the schedule: continuing to 4 is a changed run, and said so
     assert done.returncode == 2 and "max_steps: 2 -> 4" in done.stderr
-    again = subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args(tmp_path / "model", run_dir)], cwd=REPO,
-        env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    again = cli(*args(tmp_path / "model", run_dir))
     assert (
         again.returncode == 0 and "RESUMING" in again.stderr and "world size 2 -> 1" in again.stderr
     )
@@ -124,36 +102,11 @@ def test_ddp_then_one_rank_resumes_the_two_rank_checkpoint(tmp_path):
         (["hf_context_length=100"], "reads at most 64 tokens"),
     ],
 )
-def test_a_model_that_does_not_fit_the_data_is_one_line(tmp_path, extra, expected):
+def test_a_model_that_does_not_fit_the_data_is_one_line(tmp_path, extra, expected, cli):
     make_model("qwen2", tmp_path / "model")
-    done = subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args(tmp_path / "model", tmp_path / "run", *extra)],
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    done = cli(*args(tmp_path / "model", tmp_path / "run", *extra))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert expected in done.stderr.strip().splitlines()[-1]
-
-
-def test_kill_9_then_the_same_command_resumes_bit_exactly(tmp_path):
-    """FSDP on two ranks, a real learning rate: killed at step 27 and started again, the run
-    ends with model, optimizer, schedule and RNG states identical to an uninterrupted one."""
-    make_model("qwen2", tmp_path / "model")
-    real = ["max_steps=40", "checkpoint_every=10", "keep_checkpoints=2", "lr=1e-2", "min_lr=1e-3",
-            "log_every=1", "preempt_check_every=1", "parallelism=fsdp"]  # fmt: skip
-    reference = tmp_path / "reference"
-    ranks = Ranks(args(tmp_path / "model", reference, *real), tmp_path / "logs0")
-    assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
-    run_dir = tmp_path / "run"
-    argv = args(tmp_path / "model", run_dir, *real)
-    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at=27, final=40)
-    assert_same_training_state(reference, run_dir, 40)
-
-
-def train_one_process(*extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *extra], cwd=REPO, env=clean_env(),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
 
 
 def resave(path, out, rename) -> None:
@@ -177,13 +130,13 @@ def started_with(run_dir, model) -> None:
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=1e-9, msg=name)
 
 
-def test_files_in_other_layouts_load_or_are_refused_in_one_line(tmp_path):
+def test_files_in_other_layouts_load_or_are_refused_in_one_line(tmp_path, cli):
     """GPT-2 as older files store it (no `transformer.` prefix) is read tensor by tensor;
     Mixtral (one tensor per expert in the files, a fused one in the module) through
     transformers' loader; a file lacking a weight is refused, not initialised at random."""
     gpt2 = make_model("gpt2", tmp_path / "gpt2")
     resave(tmp_path / "gpt2", tmp_path / "old", lambda name: name.removeprefix("transformer."))
-    done = train_one_process(*args(tmp_path / "old", tmp_path / "run-old"))
+    done = cli(*args(tmp_path / "old", tmp_path / "run-old"))
     assert done.returncode == 0, done.stderr[-2000:]
     started_with(tmp_path / "run-old", gpt2)
 
@@ -191,12 +144,12 @@ def test_files_in_other_layouts_load_or_are_refused_in_one_line(tmp_path):
         **LLAMA_LIKE, num_local_experts=2, num_experts_per_tok=1
     )
     mixtral = make_model("mixtral", tmp_path / "mixtral")
-    done = train_one_process(*args(tmp_path / "mixtral", tmp_path / "run-mixtral"))
+    done = cli(*args(tmp_path / "mixtral", tmp_path / "run-mixtral"))
     assert done.returncode == 0, done.stderr[-2000:]
     started_with(tmp_path / "run-mixtral", mixtral)
 
     resave(tmp_path / "mixtral", tmp_path / "cut", lambda n: None if "norm" in n else n)
-    done = train_one_process(*args(tmp_path / "cut", tmp_path / "run-cut"))
+    done = cli(*args(tmp_path / "cut", tmp_path / "run-cut"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "has no weights for model.layers.0.input_layernorm.weight" in done.stderr
     assert checkpoint_steps(tmp_path / "run-cut") == []
@@ -238,10 +191,10 @@ def test_loading_is_sharded_no_rank_holds_the_whole_model(tmp_path):
         assert grown < 0.8 * figures["model_gib"], figures
 
 
-def test_the_benchmark_says_how_much_memory_loading_took(tmp_path):
+def test_the_benchmark_says_how_much_memory_loading_took(tmp_path, cli):
     make_model("llama", tmp_path / "model")
     bench = ["benchmark", *args(tmp_path / "model", tmp_path / "run"), "bench_steps=5"]
-    done = train_one_process(*bench)
+    done = cli(*bench)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["model"] == "hf:llama:model" and figures["ratio"] > 0
@@ -249,12 +202,12 @@ def test_the_benchmark_says_how_much_memory_loading_took(tmp_path):
     assert 0 < figures["model_gib"] < 1e-3
 
 
-def test_a_first_loss_far_above_chance_is_named(tmp_path):
+def test_a_first_loss_far_above_chance_is_named(tmp_path, cli):
     """Weights of std 3 (a broken initialisation): the first loss is many times ln(256), the
     loss of uniform predictions, and the run says so; the package's GPT says nothing."""
     make_model("llama", tmp_path / "broken", std=3.0)
-    done = train_one_process(*args(tmp_path / "broken", tmp_path / "run"))
+    done = cli(*args(tmp_path / "broken", tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "times the 5.55 of uniform predictions (ln of 256 outputs)" in done.stderr
-    gpt = train_one_process(*TINY, f"run_dir={tmp_path / 'gpt'}", "max_steps=2")
+    gpt = cli(*TINY, f"run_dir={tmp_path / 'gpt'}", "max_steps=2")
     assert gpt.returncode == 0 and "uniform predictions" not in gpt.stderr

@@ -13,6 +13,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from PIL import EpsImagePlugin, Image  # noqa: E402  (Pillow comes with torchvis
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import images, kinds  # noqa: E402
+from {{ cookiecutter.package_name }}.data.augmentation import AugmentationKeys  # noqa: E402
 from {{ cookiecutter.package_name }}.data.directory import DatasetError, content_fingerprint  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import image_check  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset import images as image_writer  # noqa: E402
@@ -40,7 +42,7 @@ def grey16(path: Path, label: int, seed: int) -> None:
 
 
 def open_splits(directory: Path):
-    setting = type("Cfg", (), {"image_size": 16})()
+    setting = SimpleNamespace(image_size=16, **vars(AugmentationKeys()))
     return kinds.KINDS["images"].open(directory, setting, None)
 
 

@@ -47,9 +47,9 @@ def source_run(tmp_path_factory):
     return run_dir
 
 
-def test_a_run_directory_gives_its_weights_to_a_new_run(source_run, tmp_path):
+def test_a_run_directory_gives_its_weights_to_a_new_run(source_run, tmp_path, cli):
     new = tmp_path / "new"
-    done = run(*TINY, f"run_dir={new}", *SHORT, *UNCHANGED, f"init_from={source_run}")
+    done = cli(*TINY, f"run_dir={new}", *SHORT, *UNCHANGED, f"init_from={source_run}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "starting a new run" in done.stderr and "from the weights of" in done.stderr
     assert "RESUMING" not in done.stderr  # step 0: optimizer, schedule and data start fresh
@@ -74,19 +74,19 @@ def test_fsdp_on_two_ranks_loads_its_shards_from_a_single_process_run(source_run
         torch.testing.assert_close(start[name], source[name], rtol=0, atol=1e-9, msg=name)
 
 
-def test_resuming_the_new_run_needs_no_source(source_run, tmp_path):
+def test_resuming_the_new_run_needs_no_source(source_run, tmp_path, cli):
     """Once the new run has checkpoints it resumes from its own: the source may be gone."""
     new = tmp_path / "again"
     args = [*TINY, f"run_dir={new}", *SHORT, *UNCHANGED]
-    assert run(*args, f"init_from={source_run}").returncode == 0
-    again = run(*args, f"init_from={tmp_path / 'moved-away'}")
+    assert cli(*args, f"init_from={source_run}").returncode == 0
+    again = cli(*args, f"init_from={tmp_path / 'moved-away'}")
     assert again.returncode == 0 and "RESUMING" in again.stderr, again.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
     "case", ["missing", "file", "empty", "itself", "other_model", "other_size"]
 )
-def test_a_wrong_source_is_one_line_and_writes_nothing(source_run, tmp_path, case):
+def test_a_wrong_source_is_one_line_and_writes_nothing(source_run, tmp_path, case, cli):
     run_dir = tmp_path / "run"
     sources = {
         "missing": (tmp_path / "nowhere", "does not exist"),
@@ -103,7 +103,7 @@ def test_a_wrong_source_is_one_line_and_writes_nothing(source_run, tmp_path, cas
         run_dir.mkdir()
     base = TINY_MLP if case == "other_model" else TINY
     extra = ["n_embd=64"] if case == "other_size" else []
-    done = run(*base, f"run_dir={run_dir}", *extra, f"init_from={source}")
+    done = cli(*base, f"run_dir={run_dir}", *extra, f"init_from={source}")
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr and expected in last, last

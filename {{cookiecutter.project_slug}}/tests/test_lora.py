@@ -1,7 +1,9 @@
 """LoRA on `model=hf` (lora_rank > 0): the base stays bit-for-bit hf_model's, the adapters and
 their optimizer state are all that trains and all that checkpoints hold; FSDP on two CPU ranks
-resumes bit-exactly after kill -9; the merged export loads in transformers without peft, the
-adapter export in peft, both with the package's logits; bad input is one line."""
+resumes bit-exactly after kill -9 (the HF model's resume test: the frozen base is read again
+from hf_model, the adapters and AdamW from the checkpoint); the merged export loads in
+transformers without peft, the adapter export in peft, both with the package's logits; bad input
+is one line."""
 
 from __future__ import annotations
 
@@ -12,12 +14,8 @@ import sys
 import pytest
 import torch
 from conftest import (
-    PACKAGE,
-    REPO,
-    TIMEOUT_S,
     Ranks,
     assert_same_training_state,
-    clean_env,
     kill_9_then_resume,
     load_checkpoint,
     one_line,
@@ -29,13 +27,6 @@ peft = pytest.importorskip("peft", reason="needs the [lora] extra")
 from test_hf_model import args, make_model  # noqa: E402 - after the extras are known
 
 LLAMA_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-
-
-def cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *argv], cwd=REPO, env=clean_env(),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
 
 
 def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single_process):
@@ -87,7 +78,7 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
     assert "LoRA: AdamW state" in verdict({"ratio": 1.0, "device": "cpu", **sizes})
 
 
-def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_path):
+def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_path, cli):
     """FSDP on two ranks (frozen base and adapters sharded together), dropout on the adapters:
     killed and started again, the run ends identical to an uninterrupted one; its checkpoints
     hold the adapters and their AdamW state, no base tensor; a resume on another base is
@@ -137,7 +128,7 @@ def package_logits(run_dir, ids):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: Conv1D layers store W transposed
-def test_merged_export_in_transformers_and_adapter_export_in_peft(arch, tmp_path):
+def test_merged_export_in_transformers_and_adapter_export_in_peft(arch, tmp_path, cli):
     """Llama trained with DDP on two ranks, GPT-2 in one process."""
     make_model(arch, tmp_path / "model")
     run_dir = tmp_path / "run"
