@@ -154,7 +154,12 @@ def test_the_pages_own_transform_trains(monkeypatch, single_process, tmp_path, c
     exec(compile(own_transform_code(), str(VISION_MD), "exec"), namespace)
     monkeypatch.setattr(augmentation, "own_train_transform", namespace["own_train_transform"])
     cfg, data = opened()
-    assert data.notes.startswith("training augmentation: your own transform")
+    assert data.notes == "training augmentation: your own transform (data/augmentation.py)"
+    _, flips_set = opened("hflip=0", "mixup=0.2")  # the keys it replaces, named; mixup applies
+    assert flips_set.notes == (
+        "training augmentation: your own transform (data/augmentation.py; hflip not read), "
+        "mixup alpha 0.2"
+    )
     alone, pooled = stream(data, cfg, 0), stream(data, cfg, 2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, pooled, strict=True))
     # a sample is the page's crop of the image, turned and mirrored by its own draws

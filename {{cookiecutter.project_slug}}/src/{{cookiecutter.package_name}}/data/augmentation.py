@@ -37,6 +37,8 @@ def own_train_transform(pre: Preprocessing):
 
 
 POLICIES = ("none", "trivialaugment", "randaugment", "autoaugment")
+# the keys your own transform replaces (mixup, cutmix and label smoothing act on its batches)
+PER_SAMPLE = ("train_crop", "crop_scale", "hflip", "vflip", "auto_augment", "random_erase")
 CROPS = ("random", "center", "none")
 
 
@@ -155,9 +157,13 @@ def batch_mix(cfg, num_classes: int) -> BatchMix | None:
 
 
 def described(pre: Preprocessing, cfg) -> str:
-    """The training augmentation in words, for the run's start."""
+    """The training augmentation in words, for the run's start (with your own transform: the
+    per-sample keys set that it does not read)."""
     if own_train_transform(pre) is not None:
-        words = ["your own transform (data/augmentation.py)"]
+        defaults = AugmentationKeys()
+        unread = [name for name in PER_SAMPLE if getattr(cfg, name) != getattr(defaults, name)]
+        note = f"; {', '.join(unread)} not read" if unread else ""
+        words = [f"your own transform (data/augmentation.py{note})"]
     else:
         words = [
             {
