@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import chat  # noqa: E402
+from {{ cookiecutter.package_name }}.make_dataset import chat_worker  # noqa: E402
 from {{ cookiecutter.package_name }}.make_dataset.chat import write_chat_dataset  # noqa: E402
 
 # Written with [ ] for Jinja's { } (a generated file holds no Jinja delimiters). The generation
@@ -154,6 +155,22 @@ def test_the_mask_is_transformers_assistant_mask(name, tags, tokenizer_dir, sour
         assert sum(f.startswith(" ") for f in firsts) > len(ours) / 2, firsts
     else:
         assert not any(f.startswith(" ") for f in firsts), firsts
+
+
+def test_a_template_process_forked_after_the_tokenizers_threads_ran_does_not_hang(
+    tokenizer_dir, source, tmp_path, monkeypatch
+):
+    """With TOKENIZERS_PARALLELISM=true (make-dataset --hf sets it in its process; users set it
+    to silence tokenizers' warning) and the tokenizer's thread pool started, the forked template
+    process waited for threads it does not have, until the bound named the template."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    monkeypatch.setattr(chat_worker, "RENDER_SECONDS", 10.0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer(["Alps glacier valley"] * 2000)  # a batch: encoded on the pool's threads
+    (tmp_path / "template.jinja").write_text(TEMPLATES["chatml"])
+    out = tmp_path / "data"
+    write_chat_dataset(str(source), tokenizer_dir, out, template_file=tmp_path / "template.jinja")
+    assert len(stored(out)) == len(talks()) - len(talks()) // chat.VAL_EVERY  # all of training
 
 
 @pytest.mark.parametrize("role", ["user", "assistant"])

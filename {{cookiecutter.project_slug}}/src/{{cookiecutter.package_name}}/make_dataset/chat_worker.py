@@ -8,7 +8,8 @@ it) and the command, in one line naming the template; a conversation rendered be
 chat_template.RENDER_CHARS is refused inside the process.
 
 The process dies with make-dataset (kill -9 included: PR_SET_PDEATHSIG on Linux), leaves Ctrl-C
-and SIGTERM to it, and is killed when the write ends, however it ends.
+and SIGTERM to it, and is killed when the write ends, however it ends. It encodes on one thread
+(the parent's tokenizer threads are not in a forked process).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def serve(conn, parent_end, parent: int, tokenizer, train_on_prompt: bool, contr
     """The process's loop: a batch in, its (ids, mask) or the reason it has none out."""
     parent_end.close()  # so that make-dataset's end is this end's EOF
     dying_with(parent)
+    # The tokenizer's thread pool (rayon) of the parent has no threads in a forked child: a
+    # parallel encode would wait for them for ever. tokenizers turns its parallelism off after
+    # a fork unless TOKENIZERS_PARALLELISM=true says otherwise (make-dataset --hf sets it, and
+    # users do, to silence its warning): off here whatever it says.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     while True:
         try:
             batch = conn.recv()
