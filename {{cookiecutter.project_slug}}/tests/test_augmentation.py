@@ -19,9 +19,10 @@ from conftest import REPO, one_line
 
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 
-from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
+from {{ cookiecutter.package_name }}.cli import main, raised_in_a_worker  # noqa: E402
 from {{ cookiecutter.package_name }}.config.settings import load_config  # noqa: E402
 from {{ cookiecutter.package_name }}.data import augmentation, batches, kinds  # noqa: E402
+from {{ cookiecutter.package_name }}.data.directory import DatasetError  # noqa: E402
 from {{ cookiecutter.package_name }}.data.preprocessing import export_fields  # noqa: E402
 from {{ cookiecutter.package_name }}.models import spec, spec_of  # noqa: E402
 
@@ -73,6 +74,12 @@ def test_the_defaults_are_the_classic_recipe():
         "horizontal flip 0.5"
     )
     assert data.train.mix is None  # plain labels: nothing mixes the batches
+    words = ["train_crop=none", "crop_scale=0.5", "random_erase=0.2", "auto_augment=randaugment"]
+    _, whole = opened(*words)
+    assert whole.notes == (  # in the order they act
+        "training augmentation: the whole image resized (crop_scale not read), horizontal flip "
+        "0.5, randaugment, random erasing 0.2"
+    )
 
 
 @pytest.mark.parametrize("words", PRESETS.values(), ids=PRESETS.keys())
@@ -152,7 +159,8 @@ def test_the_pages_own_transform_trains(monkeypatch, single_process, tmp_path, c
     trains on it and says so."""
     namespace = vars(augmentation).copy()
     exec(compile(own_transform_code(), str(VISION_MD), "exec"), namespace)
-    monkeypatch.setattr(augmentation, "own_train_transform", namespace["own_train_transform"])
+    for name in ("QuarterTurns", "own_train_transform"):  # as if pasted into the module
+        monkeypatch.setattr(augmentation, name, namespace[name], raising=False)
     cfg, data = opened()
     assert data.notes == "training augmentation: your own transform (data/augmentation.py)"
     _, flips_set = opened("hflip=0", "mixup=0.2")  # the keys it replaces, named; mixup applies
@@ -189,3 +197,42 @@ def test_the_plain_loop_mixes_its_batches_as_the_run_does():
     images, targets = collate(samples)
     assert images.shape == (4, 3, 16, 16) and targets.shape == (4, 4)
     assert np.allclose(targets.sum(1).numpy(), 1)
+
+
+class Shrunk(torch.nn.Module):  # a user's transform of the wrong size (a class: it pickles)
+    def forward(self, image):
+        return torch.zeros(3, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "returned, expected",
+    [(lambda pre: Shrunk(), "own_train_transform gave a torch.float32 tensor (3, 8, 8), not a "
+      "float32 tensor (3, 16, 16) (image_size)"),
+     (lambda pre: augmentation.transforms_v2().Resize((16, 16)), "gave a Image, not a float32"),
+     (lambda pre: lambda image: image, "own_train_transform's transform cannot be pickled")],
+    ids=["wrong size", "no tensor", "a lambda"],
+)  # fmt: skip
+def test_an_own_transform_that_returns_the_wrong_thing_is_one_line(
+    returned, expected, monkeypatch, cli, tmp_path
+):
+    monkeypatch.setattr(augmentation, "own_train_transform", returned)
+    done = cli("train", *SMALL, "max_steps=1", f"run_dir={tmp_path / 'run'}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert expected in done.stderr.strip().splitlines()[-1]
+
+
+class Broken(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int):
+        raise DatasetError(f"shard.bin: image {index} no longer decodes")
+
+
+def test_an_error_in_a_loader_process_is_its_own_line():
+    """torch raises a loader process's error again in the training process, with the process's
+    traceback as its message: the command's line is the original message alone."""
+    with pytest.raises(DatasetError) as caught:
+        next(iter(torch.utils.data.DataLoader(Broken(), num_workers=1)))
+    assert "Original Traceback" in str(caught.value)
+    assert raised_in_a_worker(caught.value) == "shard.bin: image 0 no longer decodes"

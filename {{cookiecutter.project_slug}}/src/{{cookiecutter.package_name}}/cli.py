@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     # An `except` names its classes only when an error arrives: `loaded` gives those of the
     # modules the command imported (the others cannot have raised them).
     except loaded("data.directory.DatasetError") as err:
-        print(f"{PROG} {name}: dataset error: {err}", file=sys.stderr)
+        print(f"{PROG} {name}: dataset error: {raised_in_a_worker(err)}", file=sys.stderr)
         return 2
     except loaded("telemetry.health.NonFinite") as err:  # a diverged run: not requeued
         if err.shown:  # rank 0's line; the other ranks exit with the same status
@@ -142,6 +142,16 @@ def report_failure(name: str, err: RuntimeError | OSError | ValueError) -> None:
         log.exception("failed")
     else:  # a one-line error for the small commands
         print(f"{PROG} {name}: error: {err}", file=sys.stderr)
+
+
+def raised_in_a_worker(err: BaseException) -> str:
+    """An error's own message, also when a loader process raised it: torch raises it again in
+    the training process with "Caught ... in DataLoader worker process N" and the worker's
+    traceback as its message, whose last line is the original `module.Class: message`."""
+    text = str(err)
+    if not (text.startswith("Caught ") and "\nOriginal Traceback" in text):
+        return text
+    return text.rstrip().splitlines()[-1].split(": ", 1)[-1]
 
 
 def loaded(*names: str) -> tuple[type[BaseException], ...]:

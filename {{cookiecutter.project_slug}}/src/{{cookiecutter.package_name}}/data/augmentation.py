@@ -17,11 +17,13 @@ resumed run augments exactly as the uninterrupted run did, with any number of lo
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 
 import torch
 
-from ..config_keys import ConfigError, key
+from ..config_keys import ConfigError, first_line, key
+from .directory import DatasetError
 from .preprocessing import INTERPOLATIONS, Preprocessing, to_normalised_tensor, transforms_v2
 
 
@@ -84,10 +86,11 @@ class AugmentationKeys:
 
 
 def train_transform(pre: Preprocessing, cfg):
-    """One training sample's transform: your own, or the keys' (see the module's docstring)."""
+    """One training sample's transform: your own (its output checked), or the keys' (see the
+    module's docstring)."""
     own = own_train_transform(pre)
     if own is not None:
-        return own
+        return OwnTransform(own, pre.size)
     v2 = transforms_v2()
     mode = v2.InterpolationMode(pre.interpolation)
     steps = [crop(v2, pre, cfg.train_crop, cfg.crop_scale, mode)]
@@ -101,6 +104,40 @@ def train_transform(pre: Preprocessing, cfg):
     if cfg.random_erase:
         steps.append(v2.RandomErasing(cfg.random_erase, value=0))  # 0: the mean, once normalised
     return v2.Compose(steps)
+
+
+class OwnTransform:
+    """Your transform, and what it returns checked: a float32 tensor (3, size, size), or one
+    line naming own_train_transform (not a shape error deep in the model, nor a model trained
+    on crops of another size). It must pickle: loader processes started by spawn or forkserver
+    (macOS; Linux from Python 3.14) receive it so."""
+
+    def __init__(self, transform, size: int):
+        try:
+            pickle.dumps(transform)
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            raise ConfigError(
+                f"data/augmentation.py: own_train_transform's transform cannot be pickled "
+                f"({first_line(err)}): return torchvision transforms, a v2.Compose of them or an "
+                "instance of a class of yours (a torch.nn.Module), not a lambda or a function "
+                "defined inside it"
+            ) from None
+        self.transform, self.size = transform, size
+
+    def __call__(self, image):
+        out = self.transform(image)
+        if not isinstance(out, torch.Tensor):
+            raise DatasetError(self.wrong(f"a {type(out).__name__}"))
+        if out.dtype != torch.float32 or tuple(out.shape) != (3, self.size, self.size):
+            raise DatasetError(self.wrong(f"a {out.dtype} tensor {tuple(out.shape)}"))
+        return out
+
+    def wrong(self, what: str) -> str:
+        return (
+            f"data/augmentation.py: own_train_transform gave {what}, not a float32 tensor "
+            f"(3, {self.size}, {self.size}) (image_size): crop to pre.size and end with "
+            "to_normalised_tensor(v2, pre)"
+        )
 
 
 def crop(v2, pre: Preprocessing, kind: str, scale: float, mode):
@@ -172,10 +209,12 @@ def described(pre: Preprocessing, cfg) -> str:
                 "none": "the whole image resized",
             }[cfg.train_crop]
         ]
-        shares = {"horizontal flip": cfg.hflip, "vertical flip": cfg.vflip}
-        shares["random erasing"] = cfg.random_erase
-        words += [f"{name} {share:g}" for name, share in shares.items() if share]
+        if cfg.train_crop != "random" and cfg.crop_scale != AugmentationKeys.crop_scale:
+            words[0] += " (crop_scale not read)"
+        flips = {"horizontal flip": cfg.hflip, "vertical flip": cfg.vflip}
+        words += [f"{name} {share:g}" for name, share in flips.items() if share]
         words += [cfg.auto_augment] if cfg.auto_augment != "none" else []
+        words += [f"random erasing {cfg.random_erase:g}"] if cfg.random_erase else []
     mixes = {"mixup alpha": cfg.mixup, "cutmix alpha": cfg.cutmix}
     mixes["label smoothing"] = cfg.label_smoothing
     words += [f"{name} {value:g}" for name, value in mixes.items() if value]
