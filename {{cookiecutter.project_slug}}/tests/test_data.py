@@ -1,16 +1,19 @@
 """Step-indexed batches (MLP arrays), the sample stream and per-sample seeds, loader processes,
 make-dataset for arrays, GPU placement."""
 
+import json
 import signal
 
 import numpy as np
 import pytest
 import torch
+from conftest import one_line
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.data import arrays
 from {{ cookiecutter.package_name }}.data import batches as data
+from {{ cookiecutter.package_name }}.data.directory import DatasetError
 from {{ cookiecutter.package_name }}.data.kinds import open_splits
 from {{ cookiecutter.package_name }}.models import spec_of
 
@@ -150,6 +153,40 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
         5,
         fingerprint,
     )
+
+
+@pytest.mark.parametrize(
+    "y, x_value, classes, expected",
+    [([0, 1, -1, 2], 0.0, None, "y.npy: row 2 has label -1; labels are whole numbers 0 or more"),
+     ([0, 1, 2, 3], 0.0, 3, "y.npy: row 3 has label 3; labels are whole numbers 0 to 2 "
+      "(--classes 3)"),
+     ([0.0, 1.5, 1.0, 0.0], 0.0, None, "y.npy: row 1 has label 1.5; labels are whole"),
+     ([0.0, 1.0, np.nan, 0.0], 0.0, None, "y.npy: row 2 has label nan; labels are whole"),
+     ([0, 1, 1, 0], np.nan, None, "x.npy: row 3 holds a NaN or infinite feature")],
+    ids=["negative", "above --classes", "a fraction", "nan label", "nan feature"],
+)  # fmt: skip
+def test_arrays_of_wrong_labels_or_features_are_one_line_and_write_nothing(
+    tmp_path, y, x_value, classes, expected, capsys
+):
+    """A float label was cut to an integer when stored, a label out of range stopped training
+    with an index error, a NaN feature made every loss NaN."""
+    x = np.zeros((4, 3), dtype=np.float32)
+    x[3, 1] = x_value
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.array(y))
+    argv = ["make-dataset", "--out", str(tmp_path / "ds"), "--x", str(tmp_path / "x.npy")]
+    argv += ["--y", str(tmp_path / "y.npy")] + (["--classes", str(classes)] if classes else [])
+    assert main(argv) == 2
+    assert expected in one_line(capsys) and not (tmp_path / "ds").exists()
+
+
+def test_labels_beyond_the_classes_index_json_names_are_refused_at_open(tmp_path):
+    out = tmp_path / "ds"
+    assert main(["make-dataset", "--out", str(out), "--samples", "50", "--classes", "4"]) == 0
+    index = json.loads((out / "index.json").read_text())
+    (out / "index.json").write_text(json.dumps(index | {"num_classes": 2}))
+    with pytest.raises(DatasetError, match=r"y.npy holds labels 0 to 3, but index.json says 2 cl"):
+        arrays.open_dataset(out)
 
 
 def test_a_dataset_path_that_is_not_a_dataset_says_which_and_why(tmp_path):

@@ -121,8 +121,14 @@ def open_dataset(directory: Path):
         raise DatasetError(f"dataset {directory}: unreadable arrays ({err})") from None
     if len(x) != len(y):
         raise DatasetError(f"{directory}: x has {len(x)} rows but y has {len(y)}")
+    classes = int(index["num_classes"])
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= classes):
+        raise DatasetError(
+            f"{directory}: y.npy holds labels {int(y.min())} to {int(y.max())}, but index.json "
+            f"says {classes} classes (0 to {classes - 1})"
+        )
     fingerprint = index.get("fingerprint") or f"{directory}:{len(x)}"
-    return x, y, int(index["num_classes"]), fingerprint
+    return x, y, classes, fingerprint
 
 
 KIND = DatasetKind(name="arrays", format=FORMAT, open=open_arrays, synthetic=synthetic)

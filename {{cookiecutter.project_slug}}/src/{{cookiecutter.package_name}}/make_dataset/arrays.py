@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config_keys import ConfigError, integer_option
 from ..data.arrays import FORMAT, synthetic_arrays
-from ..data.directory import check_out, file_sha256, written
+from ..data.directory import DatasetError, check_out, file_sha256, written
 from .sources import DatasetSource
 
 
@@ -24,13 +24,17 @@ def write_dataset(
     y: np.ndarray,
     num_classes: int | None = None,
     chunk_rows: int = 1 << 16,
+    names: tuple[str, str] = ("x", "y"),
 ) -> dict:
-    """Write `x.npy`, `y.npy` and `index.json` as the dataset directory `out`; its index."""
+    """Write `x.npy`, `y.npy` and `index.json` as the dataset directory `out`; its index.
+    `names`: what the messages call x and y (their files)."""
     out = Path(out)
     if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
         raise ValueError(
             f"need x of shape (N, features) and y of shape (N,); got {x.shape}, {y.shape}"
         )
+    num_classes = checked_labels(y, num_classes, names[1], chunk_rows)
+    checked_features(x, names[0], chunk_rows)
     check_out(out, "arrays dataset")
 
     def write(tmp: Path) -> dict:
@@ -49,7 +53,7 @@ def write_dataset(
                 "dtype": np.dtype(dtype).name,
                 "shape": list(array.shape),
             }
-        classes = int(num_classes if num_classes is not None else int(np.max(y)) + 1)
+        classes = num_classes
         return {
             "format": FORMAT,
             "num_samples": len(x),
@@ -60,6 +64,41 @@ def write_dataset(
         }
 
     return written(out, "arrays dataset", write)
+
+
+def checked_labels(y: np.ndarray, classes: int | None, name: str, chunk_rows: int) -> int:
+    """The number of classes (given, or the largest label + 1), once every label is a whole
+    number from 0 to classes - 1: a float label would be cut to an integer when stored, and a
+    label out of range stops the loss with an index error in the middle of training."""
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+        raise DatasetError(f"{name}: labels of dtype {y.dtype}; need integers 0 to classes - 1")
+    largest = -1
+    for start in range(0, len(y), chunk_rows):
+        part = np.asarray(y[start : start + chunk_rows])
+        whole = np.isfinite(part) & (part == np.floor(part)) if part.dtype.kind == "f" else None
+        bad = (part < 0) if whole is None else ~whole | (part < 0)
+        if classes is not None:
+            bad |= part >= classes
+        if bad.any():
+            row = start + int(np.argmax(bad))
+            wanted = f"0 to {classes - 1} (--classes {classes})" if classes else "0 or more"
+            label = np.asarray(y[row]).item()
+            raise DatasetError(
+                f"{name}: row {row} has label {label!r}; labels are whole numbers {wanted}"
+            )
+        largest = max(largest, int(part.max()) if len(part) else -1)
+    return int(classes if classes is not None else largest + 1)
+
+
+def checked_features(x: np.ndarray, name: str, chunk_rows: int) -> None:
+    """Numbers, all finite: a NaN or inf feature makes every loss it reaches NaN."""
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+        raise DatasetError(f"{name}: features of dtype {x.dtype}; need numbers")
+    for start in range(0, len(x), chunk_rows):
+        finite = np.isfinite(np.asarray(x[start : start + chunk_rows], dtype=np.float64))
+        if not finite.all():
+            row = start + int(np.argmin(finite.all(axis=1)))
+            raise DatasetError(f"{name}: row {row} holds a NaN or infinite feature")
 
 
 def add_arguments(make, source) -> None:
@@ -88,7 +127,8 @@ def write(args) -> dict:
     else:
         classes = args.classes or 10
         x, y = synthetic_arrays(args.samples, args.features, classes, args.seed)
-    return write_dataset(args.out, x, y, classes)
+    names = (str(args.x), str(args.y)) if args.x is not None else ("x", "y")
+    return write_dataset(args.out, x, y, classes, names=names)
 
 
 def summary(index: dict, args) -> str:
