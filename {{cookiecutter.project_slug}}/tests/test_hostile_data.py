@@ -6,6 +6,7 @@ seconds in one line, without a traceback."""
 import hashlib
 import io
 import json
+import os
 import shutil
 import signal
 from contextlib import contextmanager
@@ -91,6 +92,15 @@ def test_an_index_json_python_cannot_hold_is_one_line(tokens, tmp_path, capsys, 
     (directory / "index.json").write_text(text)
     assert main(["evaluate", f"dataset={directory}", "--print-split"]) == 2
     assert expected in one_line(capsys)
+
+
+def test_an_index_json_that_is_a_fifo_is_one_line_not_a_wait(tokens, tmp_path, capsys):
+    """Reading a FIFO waits for a writer for ever: the command hung at its first open."""
+    directory = shutil.copytree(tokens, tmp_path / "ds")
+    (directory / "index.json").unlink()
+    os.mkfifo(directory / "index.json")
+    assert main(["evaluate", f"dataset={directory}", "--print-split"]) == 2
+    assert "not a regular file (a directory, a FIFO or a device)" in one_line(capsys)
 
 
 # --- chat datasets: the conversations' lengths, JSONL lines, the template's bounds --------------

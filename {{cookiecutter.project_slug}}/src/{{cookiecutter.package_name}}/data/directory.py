@@ -75,8 +75,11 @@ def read_index(directory: Path, format: str, written_by: str = "") -> dict:
 def read_json(path: Path) -> object:
     """A JSON file's value, a UTF-8 byte order mark accepted (json reads bytes in the encoding
     they announce). A nesting too deep for Python's parser raises RecursionError: `json_error`
-    says it in words."""
-    return json.loads(Path(path).read_bytes())
+    says it in words. Only a regular file is read: reading a FIFO waits for a writer for ever."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError("not a regular file (a directory, a FIFO or a device)")
+    return json.loads(path.read_bytes())
 
 
 def json_error(err: BaseException) -> str:
