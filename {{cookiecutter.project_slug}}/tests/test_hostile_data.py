@@ -196,6 +196,31 @@ def test_a_chat_template_is_bounded_in_time_and_output(
     assert not (tmp_path / "ds").exists()
 
 
+@pytest.mark.parametrize("name", ["nested loops", "growing output"])
+def test_generate_chat_renders_a_datasets_template_within_the_same_bounds(
+    chat_files, tmp_path, monkeypatch, name
+):
+    """`generate --chat` puts the message in the chat template of the dataset's tokenizer:
+    code from a directory, rendered with make-dataset's bounds."""
+    from {{ cookiecutter.package_name }}.commands.generate import chat_prompt
+    from {{ cookiecutter.package_name }}.make_dataset import chat_worker
+
+    monkeypatch.setattr(chat_worker, "RENDER_SECONDS", 2.0)
+    monkeypatch.setattr(chat_worker, "RENDER_CHARS", 100_000)  # the growing one writes 3 MB
+    tokenizer = shutil.copytree(chat_files[0], tmp_path / "tokenizer")
+    (tokenizer / "chat_template.jinja").write_text(
+        (HOSTILE[name] + CHATML).translate(str.maketrans("[]", "{}"))
+    )
+    with ends_within(60), pytest.raises(DatasetError) as refused:
+        chat_prompt("How high is the Matterhorn?", tokenizer)
+    bound = "more than 2 s" if name == "nested loops" else "characters, more than 100000"
+    assert str(refused.value).startswith(f"{tokenizer}: its chat template: "), refused.value
+    assert bound in str(refused.value)
+    (tokenizer / "chat_template.jinja").write_text(CHATML.translate(str.maketrans("[]", "{}")))
+    prompt, _ = chat_prompt("How high is the Matterhorn?", tokenizer)
+    assert prompt.endswith("How high is the Matterhorn?<|im_end|>\n<|im_start|>assistant\n")
+
+
 # --- images: train-index.npy -----------------------------------------------------------------
 
 

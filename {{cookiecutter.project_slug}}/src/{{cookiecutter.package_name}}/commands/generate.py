@@ -148,9 +148,15 @@ def chat_prompt(message: str, tokenizer: Path) -> tuple[str, int | None]:
     """`message` as a user's turn in the chat template of the tokenizer (a directory, or the
     one holding the tokenizer.json: a chat dataset's), up to where the answer starts; and the
     id of the token that ends the answer (the tokenizer's eos)."""
+    from ..make_dataset.chat_worker import rendered_within  # a dataset's template is code
+
     turn = [{"role": "user", "content": message}]
-    chat = load_chat_tokenizer(tokenizer if tokenizer.is_dir() else tokenizer.parent, None)
-    prompt = chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    directory = tokenizer if tokenizer.is_dir() else tokenizer.parent
+    chat = load_chat_tokenizer(directory, None)
+    prompt = rendered_within(
+        lambda: chat.apply_chat_template(turn, tokenize=False, add_generation_prompt=True),
+        f"{directory}: its chat template",
+    )
     return prompt, chat.eos_token_id
 
 

@@ -9,7 +9,8 @@ chat_template.RENDER_CHARS is refused inside the process.
 
 The process dies with make-dataset (kill -9 included: PR_SET_PDEATHSIG on Linux), leaves Ctrl-C
 and SIGTERM to it, and is killed when the write ends, however it ends. It encodes on one thread
-(the parent's tokenizer threads are not in a forked process).
+(the parent's tokenizer threads are not in a forked process). `rendered_within` gives generate
+--chat's prompt, rendered in a dataset's template, the same bounds.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..config_keys import first_line
 from ..data.directory import DatasetError
 from ..run.interrupts import die_with_parent
-from .chat_template import RenderedTooLong, encode_conversations, message_chars, too_long
+from .chat_template import (
+    RENDER_CHARS,
+    RenderedTooLong,
+    encode_conversations,
+    message_chars,
+    too_long,
+)
 
 # A batch's bound: RENDER_SECONDS, plus RENDER_SECONDS_PER_MB for each MB of its messages' text
 # (tokenizers encode several MB/s on one core; a template adds a few headers per turn)
@@ -115,6 +123,53 @@ class TemplateWorker:
         self.conn.close()
         self.process.kill()
         self.process.join()
+
+
+def rendered_within(render, where: str, seconds: float | None = None) -> str:
+    """`render()`'s text, computed in a forked process within `seconds` (RENDER_SECONDS) and
+    RENDER_CHARS characters, as a batch of make-dataset --chat is: a prompt in a dataset's
+    template for `generate --chat`. Beyond either bound, one DatasetError line naming `where`."""
+    seconds = RENDER_SECONDS if seconds is None else seconds
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=render_into, args=(sender, os.getpid(), render), daemon=True)
+    process.start()
+    sender.close()
+    try:
+        if not receiver.poll(seconds):
+            raise DatasetError(
+                f"{where}: rendering took more than {seconds:.0f} s: the template's loops or "
+                "strings grow without bound"
+            )
+        try:
+            kind, value = receiver.recv()
+        except (EOFError, OSError):
+            raise DatasetError(
+                f"{where}: the process rendering it ended (out of memory?)"
+            ) from None
+    finally:
+        receiver.close()
+        process.kill()
+        process.join()
+    if kind == "too long":
+        raise DatasetError(f"{where}: rendered to {value} characters, more than {RENDER_CHARS}")
+    if kind == "error":
+        raise DatasetError(f"{where}: {value}")
+    return value
+
+
+def render_into(sender, parent: int, render) -> None:
+    """The forked process of `rendered_within`."""
+    dying_with(parent)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as in `serve`
+    try:
+        text = render()
+        answer = ("ok", text) if len(text) <= RENDER_CHARS else ("too long", len(text))
+    except MemoryError:
+        answer = ("error", "out of memory rendering it")
+    except Exception as err:  # jinja2's and transformers' many error types
+        answer = ("error", first_line(err))
+    sender.send(answer)
 
 
 @contextmanager
