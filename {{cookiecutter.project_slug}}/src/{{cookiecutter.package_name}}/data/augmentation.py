@@ -24,7 +24,13 @@ import torch
 
 from ..config_keys import ConfigError, first_line, key
 from .directory import DatasetError
-from .preprocessing import INTERPOLATIONS, Preprocessing, to_normalised_tensor, transforms_v2
+from .preprocessing import (
+    INTERPOLATIONS,
+    Preprocessing,
+    resized_centre,
+    to_normalised_tensor,
+    transforms_v2,
+)
 
 
 def own_train_transform(pre: Preprocessing):
@@ -145,9 +151,7 @@ def crop(v2, pre: Preprocessing, kind: str, scale: float, mode):
         area = (scale, 1.0)
         return v2.RandomResizedCrop(pre.size, scale=area, interpolation=mode, antialias=True)
     if kind == "center":
-        resize = pre.resize if pre.crop == "center" else (pre.resize, pre.resize)
-        resized = v2.Resize(resize, interpolation=mode, antialias=True)
-        return v2.Compose([resized, v2.CenterCrop(pre.size)])
+        return v2.Compose(resized_centre(v2, pre))
     return v2.Resize((pre.size, pre.size), interpolation=mode, antialias=True)
 
 

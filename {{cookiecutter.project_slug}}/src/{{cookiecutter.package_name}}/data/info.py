@@ -62,7 +62,9 @@ class Splits:
     decodes: reading a sample costs CPU (decoding, augmentation): num_workers then defaults to
         every CPU Slurm gives the rank.
     A split may have a method `gather(indices)` that returns a whole batch at once (in-memory
-    arrays with no randomness: it replaces the per-sample reads and collate). The val split may
+    arrays with no randomness: it replaces the per-sample reads and collate), and the train
+    split a `mix(batch)` applied to each collated micro-batch under its own seed (images:
+    mixup, cutmix, label smoothing; batches.py). The val split may
     say what `evaluate` reports of it: `scoreable` (what the task counts in the whole split,
     e.g. the tokens that are targets; default: its samples), `unit` (what its samples are,
     e.g. "windows"; default "samples") and `scheme` (how the split is cut, in words).

@@ -110,15 +110,15 @@ def transforms_v2():
 def eval_transform(pre: Preprocessing):
     """PIL image -> normalised float32 tensor: resized, then the centre crop."""
     v2 = transforms_v2()
+    return v2.Compose([*resized_centre(v2, pre), *to_normalised_tensor(v2, pre)])
+
+
+def resized_centre(v2, pre: Preprocessing) -> list:
+    """Evaluation's resize (the shorter side, or both for "squash") and centre crop; also
+    training's with train_crop=center."""
     resize = pre.resize if pre.crop == "center" else (pre.resize, pre.resize)
     mode = v2.InterpolationMode(pre.interpolation)
-    return v2.Compose(
-        [
-            v2.Resize(resize, interpolation=mode, antialias=True),
-            v2.CenterCrop(pre.size),
-            *to_normalised_tensor(v2, pre),
-        ]
-    )
+    return [v2.Resize(resize, interpolation=mode, antialias=True), v2.CenterCrop(pre.size)]
 
 
 def to_normalised_tensor(v2, pre: Preprocessing) -> list:
