@@ -80,6 +80,7 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank that hangs shows where (Ranks.wait)
     return env
 
 
@@ -132,8 +133,12 @@ class Ranks:
         try:
             return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.procs]
         except subprocess.TimeoutExpired:
+            hung = [i for i, p in enumerate(self.procs) if p.poll() is None]
+            self.send(signal.SIGABRT, hung)  # PYTHONFAULTHANDLER: each thread's stack, to its log
+            time.sleep(2)
             self.send(signal.SIGKILL)
-            pytest.fail(f"ranks did not finish in {timeout} s:\n{self.log(0)[-3000:]}")
+            stacks = "".join(f"\nrank {i}, still running:\n{self.log(i)[-4000:]}" for i in hung)
+            pytest.fail(f"ranks did not finish in {timeout} s:\n{self.log(0)[-3000:]}{stacks}")
 
     def wait_for_step(self, run_dir: Path, step: int, timeout: float = TIMEOUT_S) -> int:
         """Poll metrics.jsonl until a training record reaches `step`; return the step seen."""

@@ -81,6 +81,31 @@ def test_a_rank_lost_during_a_checkpoint_fails_the_others_within_dist_timeout_s(
     assert "Traceback" not in err
 
 
+# Rank 1 hangs in tearing down its process group after an error (as it could with its peers
+# gone, or at exit in a thread or an exit handler).
+HUNG_TEARDOWN = f"""
+import os, sys, time
+import torch.distributed as dist
+from {PACKAGE}.cli import main
+if os.environ["RANK"] == "1":
+    dist.destroy_process_group = lambda *args: time.sleep(600)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failing_rank_that_hangs_on_its_way_out_ends_after_dist_timeout_s(tmp_path):
+    # A rank leaving on an error (here: the ranks' arguments differ) that then hung held its
+    # nodes until the job's time limit; it now ends after dist_timeout_s, with its stacks.
+    base = [*TINY, *SHORT, f"run_dir={tmp_path / 'run'}", "dist_timeout_s=5"]
+    (first, _, said), (second, _, err) = two_ranks(
+        [base, [*base, "lr=0.02"]], program=("-c", HUNG_TEARDOWN)
+    )
+    assert (first.returncode, second.returncode) == (2, 1), err[-2000:]
+    assert "rank 1's configuration differs from rank 0's" in said
+    # faulthandler's dump: the time it waited, then each thread's stack, the hung call first
+    assert "Timeout (0:00:05)!" in err and "in <lambda>" in err, err[-2000:]
+
+
 # The command stops itself with STOP_WITH once its writer has started (a shard written,
 # torch.save done), as scancel or Ctrl-C would.
 STOP_WHILE_WRITING = f"""

@@ -8,6 +8,7 @@ Resolution order for rank / world size / local rank:
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -330,12 +331,23 @@ def process_group(
         finished = True
     finally:
         if dist.is_initialized():
+            if not finished:
+                end_within(timeout_s)
             # DDP sits in a reference cycle and holds the process group: collect it now, so the
             # group is torn down here and not at interpreter exit, when peers may be gone.
             gc.collect()
             if finished:
                 dist.barrier()  # no rank tears down while another still communicates
             dist.destroy_process_group()
+
+
+def end_within(timeout_s: float) -> None:
+    """A rank leaving on an error must end: its peers may be gone or stuck, and what follows
+    (tearing down the group, the interpreter's exit: threads, exit handlers) must not hold the
+    nodes until the job's time limit. Past `timeout_s` from here, every thread's stack goes to
+    stderr (faulthandler's "Timeout" dump: where it hung) and the process exits with status 1.
+    Armed until the process ends, which is what a failing rank does next."""
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
 
 
 def wait_for_master(env: DistEnv, timeout_s: float) -> None:
