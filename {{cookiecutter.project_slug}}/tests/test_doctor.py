@@ -87,6 +87,24 @@ def test_expected_bandwidth_is_compared(tmp_path):
     assert "WARN  allreduce" in out and "below half of the 100000 GB/s expected" in out
 
 
+def test_a_rank_that_cannot_join_writes_its_lines_in_one_piece(monkeypatch, tmp_path):
+    """Rank 0 alone (rank 1 never comes): its error and its FAIL lines in one write, which
+    another rank's lines cannot cut into where the ranks share a log (torchrun's workers):
+    print() writes each line's text and its newline apart."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(value))
+    writes: list[str] = []
+    stderr = argparse.Namespace(write=writes.append, flush=lambda: None)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    args = ["--device", "cpu", "--timeout-s", "2", "--run-dir", str(blocker / "run")]
+    assert doctor.main(args) == 1
+    (said,) = [text for text in writes if "rank 0 on" in text]
+    assert said.endswith("\n") and f"FAIL  run_dir      run_dir {blocker / 'run'}" in said, said
+
+
 def test_venv_shadowing_the_image_torch_fails(single_process, monkeypatch, tmp_path, capsys):
     venv = tmp_path / "venv"
     (venv / "lib/python3/site-packages/torch").mkdir(parents=True)

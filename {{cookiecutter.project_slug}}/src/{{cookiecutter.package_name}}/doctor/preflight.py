@@ -270,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         with cpu_process_group(env, args.timeout_s):
             return report(args, env, device, host, results, uuid)
     except (RuntimeError, OSError) as err:  # a peer never came, or a collective failed
-        print(f"{PROG}: rank {env.rank} on {host}: {err}", file=sys.stderr)
-        for result in results:
-            if result.status != OK:
-                print(format_line(result), file=sys.stderr)
+        lines = [f"{PROG}: rank {env.rank} on {host}: {err}"]
+        lines += [format_line(result) for result in results if result.status != OK]
+        # one write: ranks that share a log (torchrun's workers) do not cut into each other's
+        sys.stderr.write("".join(f"{line}\n" for line in lines))
         return 1
 
 
