@@ -17,7 +17,9 @@ resumed run augments exactly as the uninterrupted run did, with any number of lo
 
 from __future__ import annotations
 
+import os
 import pickle
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +96,7 @@ class AugmentationKeys:
 def train_transform(pre: Preprocessing, cfg):
     """One training sample's transform: your own (its output checked), or the keys' (see the
     module's docstring)."""
-    own = own_train_transform(pre)
+    own = users_transform(pre)
     if own is not None:
         return OwnTransform(own, pre.size)
     v2 = transforms_v2()
@@ -110,6 +112,22 @@ def train_transform(pre: Preprocessing, cfg):
     if cfg.random_erase:
         steps.append(v2.RandomErasing(cfg.random_erase, value=0))  # 0: the mean, once normalised
     return v2.Compose(steps)
+
+
+def users_transform(pre: Preprocessing):
+    """own_train_transform(pre); an error of it is one line naming it and where it was raised
+    (a refusal: the run directory it would have started is not left behind)."""
+    try:
+        return own_train_transform(pre)
+    except Exception as err:
+        raise ConfigError(f"data/augmentation.py: own_train_transform(pre) {raised(err)}") from None
+
+
+def raised(err: Exception) -> str:
+    """'raised ValueError at augmentation.py:57: <its first line>'."""
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return f"raised {type(err).__name__} at {where}: {first_line(err)}"
 
 
 class OwnTransform:
@@ -131,7 +149,11 @@ class OwnTransform:
         self.transform, self.size = transform, size
 
     def __call__(self, image):
-        out = self.transform(image)
+        try:
+            out = self.transform(image)
+        except Exception as err:  # in a loader process too: one line, the run ends
+            message = f"data/augmentation.py: own_train_transform's transform {raised(err)}"
+            raise DatasetError(message) from None
         if not isinstance(out, torch.Tensor):
             raise DatasetError(self.wrong(f"a {type(out).__name__}"))
         if out.dtype != torch.float32 or tuple(out.shape) != (3, self.size, self.size):
@@ -200,7 +222,7 @@ def batch_mix(cfg, num_classes: int) -> BatchMix | None:
 def described(pre: Preprocessing, cfg) -> str:
     """The training augmentation in words, for the run's start (with your own transform: the
     per-sample keys set that it does not read)."""
-    if own_train_transform(pre) is not None:
+    if users_transform(pre) is not None:
         defaults = AugmentationKeys()
         unread = [name for name in PER_SAMPLE if getattr(cfg, name) != getattr(defaults, name)]
         note = f"; {', '.join(unread)} not read" if unread else ""
