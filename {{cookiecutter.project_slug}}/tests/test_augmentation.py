@@ -144,7 +144,9 @@ def test_the_evaluation_crop_and_interpolation_reach_the_export():
     [("eval_crop_fraction=0.1", "'eval_crop_fraction' must be 0 (the model's) or 0.25 to 1"),
      ("auto_augment=augmix", "'auto_augment' must be one of none, trivialaugment, randaugment"),
      ("crop_scale=0", "'crop_scale' must be in (0, 1]"),
-     ("label_smoothing=1", "'label_smoothing' must be in [0, 1)")],
+     ("label_smoothing=1", "'label_smoothing' must be in [0, 1)"),
+     ("mixup=1e-30", "'mixup' must be 0 (off) or at least 0.01: 1e-30 (torch's Beta sampler"),
+     ("cutmix=0.001", "'cutmix' must be 0 (off) or at least 0.01: 0.001")],
 )  # fmt: skip
 def test_a_wrong_value_is_one_line(word, message, single_process, capsys):
     assert main(["train", *SMALL, word]) == 2

@@ -21,6 +21,7 @@ import os
 import pickle
 import traceback
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -59,6 +60,19 @@ def _crop_fraction(value: float) -> None:
         raise ConfigError(f"config key 'eval_crop_fraction' {message}: {value}")
 
 
+MIN_ALPHA = 0.01
+
+
+def _alpha(name: str, value: float) -> None:
+    """0 (off) or an alpha torch samples from: below about 0.005 its Beta sampler gives a share
+    near 1/2 (every batch mixed half and half) where one near 0 or 1 is due (nearly none)."""
+    if 0 < value < MIN_ALPHA:
+        raise ConfigError(
+            f"config key {name!r} must be 0 (off) or at least {MIN_ALPHA:g}: {value:g} (torch's "
+            "Beta sampler mixes every batch about half and half below that)"
+        )
+
+
 # fmt: off
 @dataclass
 class AugmentationKeys:
@@ -81,10 +95,10 @@ class AugmentationKeys:
                               "recipes: 0.1)", bounds=(0, 1), resume=True)
     label_smoothing: float = key(0.0, "share of each label spread over all classes (recipes: "
                                  "0.1)", bounds=(0, 1), closed="[)", resume=True)
-    mixup: float = key(0.0, "mixup's alpha, 0: off (recipes: 0.2)", bounds=(0, 100),
-                       resume=True)
-    cutmix: float = key(0.0, "cutmix's alpha, 0: off (recipes: 1.0)", bounds=(0, 100),
-                        resume=True)
+    mixup: float = key(0.0, "mixup's alpha, 0: off, else at least 0.01 (recipes: 0.2)",
+                       bounds=(0, 100), resume=True, check=partial(_alpha, "mixup"))
+    cutmix: float = key(0.0, "cutmix's alpha, 0: off, else at least 0.01 (recipes: 1.0)",
+                        bounds=(0, 100), resume=True, check=partial(_alpha, "cutmix"))
     interpolation: str = key("auto", "resize interpolation (auto: the model's; bilinear for "
                              "torchvision's)", choices=("auto", *INTERPOLATIONS), resume=True)
     eval_crop_fraction: float = key(0.0, "evaluation: the centre crop's share of the resized "
