@@ -130,7 +130,7 @@ def test_an_option_it_does_not_take_is_a_usage_error_in_one_line(args, message, 
         doctor.main(args)
     assert exit_info.value.code == doctor.USAGE_EXIT_CODE == 2
     line = one_line(capsys)
-    assert line.startswith(f"{doctor.PROG}: usage error: {message}") and "(see --help)" in line
+    assert line.startswith(f"{doctor.PROG}: error: {message}") and "(see --help)" in line
 
 
 # --------------------------------------------------------------------------- pure checks

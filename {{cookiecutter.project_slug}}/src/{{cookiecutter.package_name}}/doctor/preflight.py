@@ -210,7 +210,7 @@ class OneLineParser(argparse.ArgumentParser):
     """A usage error in one line (each rank of a job writes it), not argparse's usage block."""
 
     def error(self, message: str):
-        self.exit(USAGE_EXIT_CODE, f"{self.prog}: usage error: {message} (see --help)\n")
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def make_parser() -> argparse.ArgumentParser:
