@@ -263,6 +263,16 @@ def test_nsys_profiles_the_training_step_of_the_chosen_ranks(fake_job, tmp_path)
     assert proc.stderr.startswith("error: NSYS=yes: use NSYS=1 (node 0) or NSYS=all")
 
 
+def test_a_bad_doctor_args_is_not_blamed_on_fail_lines(fake_job):
+    """The doctor's usage error (exit 2: an option it does not take) ends the job naming
+    DOCTOR_ARGS; any other failing status is a FAIL."""
+    proc, calls = fake_job(DOCTOR="1", DOCTOR_ARGS="--bogus", FAKE_SRUN_STATUS="2")
+    assert proc.returncode == 2 and len(calls) == 1 and "--bogus" in calls[0]
+    assert proc.stderr.startswith('error: DOCTOR_ARGS="--bogus" refused by the doctor'), proc.stderr
+    proc, calls = fake_job(DOCTOR="1", FAKE_SRUN_STATUS="1")
+    assert proc.returncode == 1 and "error: the doctor found a problem" in proc.stderr
+
+
 # ------------------------------------------------------------------ your own command after --
 
 PROGRAM = ["mtt", "train", "my options.yaml", "$HOME", "a'b"]  # passed through as they are

@@ -211,8 +211,13 @@ fi
 # binding, directories, then a short all-reduce. A FAIL stops the job before it spends its hours.
 if [[ "${DOCTOR:-1}" != 0 ]]; then
     read -r -a doctor_args <<< "${DOCTOR_ARGS:-}"  # extra options, e.g. DOCTOR_ARGS="--device cpu"
-    if ! srun "${srun_args[@]}" bash -c "profile=(); ${all_ranks}" bash doctor --quick \
-        "run_dir=${RUN_DIR}" "data_dir=${DATA_DIR}" "${doctor_args[@]}"; then
+    doctor_status=0
+    srun "${srun_args[@]}" bash -c "profile=(); ${all_ranks}" bash doctor --quick \
+        "run_dir=${RUN_DIR}" "data_dir=${DATA_DIR}" "${doctor_args[@]}" || doctor_status=$?
+    if [[ ${doctor_status} -eq 2 ]]; then  # the doctor's usage error, not a FAIL
+        echo "error: DOCTOR_ARGS=\"${DOCTOR_ARGS:-}\" refused by the doctor (its line above)" >&2
+        exit 2
+    elif [[ ${doctor_status} -ne 0 ]]; then
         echo "error: the doctor found a problem (the FAIL lines above); nothing was trained." \
             "Fix it, or submit with DOCTOR=0 to skip the check." >&2
         exit 1

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, one_line
+from conftest import REPO, TIMEOUT_S, clean_env, one_line
 
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 
@@ -140,7 +144,9 @@ def test_the_evaluation_crop_and_interpolation_reach_the_export():
     [("eval_crop_fraction=0.1", "'eval_crop_fraction' must be 0 (the model's) or 0.25 to 1"),
      ("auto_augment=augmix", "'auto_augment' must be one of none, trivialaugment, randaugment"),
      ("crop_scale=0", "'crop_scale' must be in (0, 1]"),
-     ("label_smoothing=1", "'label_smoothing' must be in [0, 1)")],
+     ("label_smoothing=1", "'label_smoothing' must be in [0, 1)"),
+     ("mixup=1e-30", "'mixup' must be 0 (off) or at least 0.01: 1e-30 (torch's Beta sampler"),
+     ("cutmix=0.001", "'cutmix' must be 0 (off) or at least 0.01: 0.001")],
 )  # fmt: skip
 def test_a_wrong_value_is_one_line(word, message, single_process, capsys):
     assert main(["train", *SMALL, word]) == 2
@@ -204,21 +210,32 @@ class Shrunk(torch.nn.Module):  # a user's transform of the wrong size (a class:
         return torch.zeros(3, 8, 8)
 
 
+class Raises(torch.nn.Module):  # a user's transform with a bug
+    def forward(self, image):
+        raise ValueError("my transform's bug")
+
+
 @pytest.mark.parametrize(
     "returned, expected",
     [(lambda pre: Shrunk(), "own_train_transform gave a torch.float32 tensor (3, 8, 8), not a "
       "float32 tensor (3, 16, 16) (image_size)"),
      (lambda pre: augmentation.transforms_v2().Resize((16, 16)), "gave a Image, not a float32"),
-     (lambda pre: lambda image: image, "own_train_transform's transform cannot be pickled")],
-    ids=["wrong size", "no tensor", "a lambda"],
+     (lambda pre: lambda image: image, "own_train_transform's transform cannot be pickled"),
+     (lambda pre: Raises(), "own_train_transform's transform raised ValueError at "
+      "test_augmentation.py:"),
+     (lambda pre: pre.missing, "own_train_transform(pre) raised AttributeError at "
+      "test_augmentation.py:")],
+    ids=["wrong size", "no tensor", "a lambda", "raises on a sample", "raises when made"],
 )  # fmt: skip
 def test_an_own_transform_that_returns_the_wrong_thing_is_one_line(
     returned, expected, monkeypatch, cli, tmp_path
 ):
+    """...and leaves no run directory behind."""
     monkeypatch.setattr(augmentation, "own_train_transform", returned)
     done = cli("train", *SMALL, "max_steps=1", f"run_dir={tmp_path / 'run'}")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert expected in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
 
 
 class Broken(torch.utils.data.Dataset):
@@ -236,3 +253,58 @@ def test_an_error_in_a_loader_process_is_its_own_line():
         next(iter(torch.utils.data.DataLoader(Broken(), num_workers=1)))
     assert "Original Traceback" in str(caught.value)
     assert raised_in_a_worker(caught.value) == "shard.bin: image 0 no longer decodes"
+
+
+# A run whose transform fails in a loader process (as a shard cut short or a record that no
+# longer decodes does): each process notes its pid and the time, then raises.
+FAILS_IN_A_LOADER = """
+import os, sys, time, torch
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import augmentation
+
+class FailsInALoader(torch.nn.Module):
+    def forward(self, image):
+        if torch.utils.data.get_worker_info() is None:  # the start's check passes
+            return torch.zeros(3, 16, 16)
+        with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as note:
+            note.write(str(time.time()))
+        raise OSError("shard-00001.bin: image 7 no longer decodes")
+
+augmentation.own_train_transform = lambda pre: FailsInALoader()
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_error_in_a_loader_process_ends_the_run_and_its_loader_processes(tmp_path):
+    """The loader processes ignore SIGTERM (so that a signal to every process of a task reaches
+    the training process alone): the run ends them itself, and exits within seconds of the
+    error with its one line, instead of waiting for them until the job's time limit."""
+    notes = tmp_path / "pids"
+    notes.mkdir()
+    argv = [*SMALL, "num_workers=2", "max_steps=20", "checkpoint_every=0"]
+    command = [sys.executable, "-c", FAILS_IN_A_LOADER, notes, "train", *argv]
+    run = subprocess.Popen(
+        [*command, f"run_dir={tmp_path / 'run'}"], env=clean_env(), stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        err = run.communicate(timeout=TIMEOUT_S)[1]
+    except subprocess.TimeoutExpired:
+        run.kill()
+        pytest.fail("the run did not end after the error in its loader process")
+    ended = time.time()
+    assert run.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "transform raised OSError at <string>:" in last, err
+    assert last.endswith("shard-00001.bin: image 7 no longer decodes")
+    pids = {int(note.name): float(note.read_text()) for note in notes.iterdir()}
+    assert pids and ended - min(pids.values()) < 20  # seconds, not the time limit
+    assert not [pid for pid in pids if running(pid)]

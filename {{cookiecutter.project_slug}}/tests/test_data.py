@@ -162,15 +162,17 @@ def test_make_dataset_writes_a_memmap_directory_that_trains(tmp_path):
       "(--classes 3)"),
      ([0.0, 1.5, 1.0, 0.0], 0.0, None, "y.npy: row 1 has label 1.5; labels are whole"),
      ([0.0, 1.0, np.nan, 0.0], 0.0, None, "y.npy: row 2 has label nan; labels are whole"),
-     ([0, 1, 1, 0], np.nan, None, "x.npy: row 3 holds a NaN or infinite feature")],
-    ids=["negative", "above --classes", "a fraction", "nan label", "nan feature"],
+     ([0, 1, 1, 0], np.nan, None, "x.npy: row 3 holds a NaN or infinite feature"),
+     ([0, 1, 1, 0], -1e39, None, "x.npy: row 3 holds a feature beyond float32's range (-1e+39")],
+    ids=["negative", "above --classes", "a fraction", "nan label", "nan feature", "too large"],
 )  # fmt: skip
 def test_arrays_of_wrong_labels_or_features_are_one_line_and_write_nothing(
     tmp_path, y, x_value, classes, expected, capsys
 ):
     """A float label was cut to an integer when stored, a label out of range stopped training
-    with an index error, a NaN feature made every loss NaN."""
-    x = np.zeros((4, 3), dtype=np.float32)
+    with an index error, a NaN feature made every loss NaN (a float64 beyond float32's range
+    too: it was stored as inf)."""
+    x = np.zeros((4, 3), dtype=np.float64)
     x[3, 1] = x_value
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", np.array(y))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, rank_env
+from conftest import PACKAGE, REPO, TIMEOUT_S, free_port, one_line, rank_env
 
 from {{ cookiecutter.package_name }}.doctor import bandwidth, checks, storage, vision
 from {{ cookiecutter.package_name }}.doctor import preflight as doctor
@@ -118,11 +118,19 @@ def test_venv_shadowing_the_image_torch_fails(single_process, monkeypatch, tmp_p
     assert "pip uninstall torch in the venv" in out
 
 
-def test_bad_sizes_is_a_usage_error(capsys):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--sizes", "1M,lots"], "argument --sizes: bad size 'lots' in --sizes"),
+     (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+     (["--bogus"], "unrecognized arguments: --bogus")],
+)  # fmt: skip
+def test_an_option_it_does_not_take_is_a_usage_error_in_one_line(args, message, capsys):
+    """Exit status 2, never a FAIL's 1: the job scripts tell a bad DOCTOR_ARGS from a FAIL."""
     with pytest.raises(SystemExit) as exit_info:
-        doctor.main(["--sizes", "1M,lots"])
-    assert exit_info.value.code == 2
-    assert "bad size 'lots' in --sizes" in capsys.readouterr().err
+        doctor.main(args)
+    assert exit_info.value.code == doctor.USAGE_EXIT_CODE == 2
+    line = one_line(capsys)
+    assert line.startswith(f"{doctor.PROG}: error: {message}") and "(see --help)" in line
 
 
 # --------------------------------------------------------------------------- pure checks

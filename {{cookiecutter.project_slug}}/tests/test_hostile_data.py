@@ -172,7 +172,7 @@ CHATML = (
 HOSTILE = {
     "nested loops": "[% for i in range(99999) %][% for j in range(99999) %]"
     "[% endfor %][% endfor %]",
-    "a billion x": "[[ 'x' * 10**9 ]]",
+    "a billion x": "[[ 'x' * 10**9 ]]",  # 1 GB: beyond the memory bound the test sets
     "growing output": "[% for i in range(3000) %][[ 'y' * 1000 ]][% endfor %]",  # 3 MB: fast
 }
 
@@ -185,13 +185,15 @@ def test_a_chat_template_is_bounded_in_time_and_output(
 
     if name != "growing output":  # found by its size, within the default time on a busy machine
         monkeypatch.setattr(chat_worker, "RENDER_SECONDS", 2.0)
+    monkeypatch.setattr(chat_worker, "RENDER_MEMORY", 2**28)  # 256 MiB over the process's
     template = tmp_path / "hostile.jinja"
     template.write_text((HOSTILE[name] + CHATML).translate(str.maketrans("[]", "{}")))
     with ends_within(60):  # 2 s and the process's end; without the bound, for ever
         assert make_chat(chat_files, tmp_path / "ds", template=template) == 2
     line = one_line(capsys)
     assert f"dataset error: {template}: " in line, line
-    bound = "more than 2 s" if name != "growing output" else "characters, more than"
+    bound = {"nested loops": "more than 2 s", "a billion x": "needed more than 0.3 GiB of "
+             "memory", "growing output": "characters, more than"}[name]  # fmt: skip
     assert bound in line, line
     assert not (tmp_path / "ds").exists()
 

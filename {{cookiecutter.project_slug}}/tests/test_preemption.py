@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -155,3 +156,29 @@ def test_torchrun_stopped_by_a_forwarded_signal_ends_in_one_line(monkeypatch, ca
     assert capsys.readouterr().err.startswith("torchrun: stopped by SIGUSR2, which it forwarded")
     monkeypatch.setattr(torchrun, "main", lambda argv: None)
     assert torchrun.run([]) == 0
+
+
+@pytest.mark.parametrize(
+    "worker, status, how",
+    [(["sh", "-c", "exit 4"], 4, "exited with status 4"),
+     ([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], 128 + 9,
+      "was killed by SIGKILL (exit status 137)")],
+    ids=["diverged", "killed"],
+)  # fmt: skip
+def test_torchruns_status_is_its_first_failing_workers_own(worker, status, how, monkeypatch, capfd):
+    """torchrun raised ChildFailedError (a page of traceback) and exited 1 whatever its workers'
+    status: a diverged run's 4 is 4, in one line (two workers of the real torchrun, shells)."""
+    from {{ cookiecutter.package_name }}.run import torchrun
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun sets it in its own environment
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    handlers = {sig: signal.getsignal(sig) for sig in handled}
+    try:
+        ended = torchrun.run(["--standalone", "--nproc-per-node=2", "--no-python", *worker])
+    finally:  # and its own signal handlers
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    err = capfd.readouterr().err
+    assert ended == status and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("torchrun: worker rank ") and how in last, err

@@ -249,6 +249,18 @@ def test_a_command_that_is_not_there_is_one_line(user, command, message):
     assert not (out / "started").exists()
 
 
+def test_a_script_without_the_execute_bit_is_not_called_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("train.sh").write_text("#!/bin/bash\n")
+    with pytest.raises(program.Refused) as refused:
+        program.program_argv(["./train.sh"], None)
+    assert refused.value.status == 126
+    assert str(refused.value) == (
+        "./train.sh: not executable: chmod +x ./train.sh, or name its interpreter first "
+        "(python ./train.sh, bash ./train.sh)"
+    )
+
+
 def test_the_program_ends_with_the_wrapper(user, tmp_path):
     """SIGKILL to the wrapper (Slurm at the end of a step, after the grace time) ends the
     program too, though it runs in a process group of its own."""

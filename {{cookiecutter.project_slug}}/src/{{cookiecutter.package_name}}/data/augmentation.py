@@ -17,8 +17,11 @@ resumed run augments exactly as the uninterrupted run did, with any number of lo
 
 from __future__ import annotations
 
+import os
 import pickle
+import traceback
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -57,6 +60,19 @@ def _crop_fraction(value: float) -> None:
         raise ConfigError(f"config key 'eval_crop_fraction' {message}: {value}")
 
 
+MIN_ALPHA = 0.01
+
+
+def _alpha(name: str, value: float) -> None:
+    """0 (off) or an alpha torch samples from: below about 0.005 its Beta sampler gives a share
+    near 1/2 (every batch mixed half and half) where one near 0 or 1 is due (nearly none)."""
+    if 0 < value < MIN_ALPHA:
+        raise ConfigError(
+            f"config key {name!r} must be 0 (off) or at least {MIN_ALPHA:g}: {value:g} (torch's "
+            "Beta sampler mixes every batch about half and half below that)"
+        )
+
+
 # fmt: off
 @dataclass
 class AugmentationKeys:
@@ -79,10 +95,10 @@ class AugmentationKeys:
                               "recipes: 0.1)", bounds=(0, 1), resume=True)
     label_smoothing: float = key(0.0, "share of each label spread over all classes (recipes: "
                                  "0.1)", bounds=(0, 1), closed="[)", resume=True)
-    mixup: float = key(0.0, "mixup's alpha, 0: off (recipes: 0.2)", bounds=(0, 100),
-                       resume=True)
-    cutmix: float = key(0.0, "cutmix's alpha, 0: off (recipes: 1.0)", bounds=(0, 100),
-                        resume=True)
+    mixup: float = key(0.0, "mixup's alpha, 0: off, else at least 0.01 (recipes: 0.2)",
+                       bounds=(0, 100), resume=True, check=partial(_alpha, "mixup"))
+    cutmix: float = key(0.0, "cutmix's alpha, 0: off, else at least 0.01 (recipes: 1.0)",
+                        bounds=(0, 100), resume=True, check=partial(_alpha, "cutmix"))
     interpolation: str = key("auto", "resize interpolation (auto: the model's; bilinear for "
                              "torchvision's)", choices=("auto", *INTERPOLATIONS), resume=True)
     eval_crop_fraction: float = key(0.0, "evaluation: the centre crop's share of the resized "
@@ -94,7 +110,7 @@ class AugmentationKeys:
 def train_transform(pre: Preprocessing, cfg):
     """One training sample's transform: your own (its output checked), or the keys' (see the
     module's docstring)."""
-    own = own_train_transform(pre)
+    own = users_transform(pre)
     if own is not None:
         return OwnTransform(own, pre.size)
     v2 = transforms_v2()
@@ -110,6 +126,22 @@ def train_transform(pre: Preprocessing, cfg):
     if cfg.random_erase:
         steps.append(v2.RandomErasing(cfg.random_erase, value=0))  # 0: the mean, once normalised
     return v2.Compose(steps)
+
+
+def users_transform(pre: Preprocessing):
+    """own_train_transform(pre); an error of it is one line naming it and where it was raised
+    (a refusal: the run directory it would have started is not left behind)."""
+    try:
+        return own_train_transform(pre)
+    except Exception as err:
+        raise ConfigError(f"data/augmentation.py: own_train_transform(pre) {raised(err)}") from None
+
+
+def raised(err: Exception) -> str:
+    """'raised ValueError at augmentation.py:57: <its first line>'."""
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return f"raised {type(err).__name__} at {where}: {first_line(err)}"
 
 
 class OwnTransform:
@@ -131,7 +163,11 @@ class OwnTransform:
         self.transform, self.size = transform, size
 
     def __call__(self, image):
-        out = self.transform(image)
+        try:
+            out = self.transform(image)
+        except Exception as err:  # in a loader process too: one line, the run ends
+            message = f"data/augmentation.py: own_train_transform's transform {raised(err)}"
+            raise DatasetError(message) from None
         if not isinstance(out, torch.Tensor):
             raise DatasetError(self.wrong(f"a {type(out).__name__}"))
         if out.dtype != torch.float32 or tuple(out.shape) != (3, self.size, self.size):
@@ -200,7 +236,7 @@ def batch_mix(cfg, num_classes: int) -> BatchMix | None:
 def described(pre: Preprocessing, cfg) -> str:
     """The training augmentation in words, for the run's start (with your own transform: the
     per-sample keys set that it does not read)."""
-    if own_train_transform(pre) is not None:
+    if users_transform(pre) is not None:
         defaults = AugmentationKeys()
         unread = [name for name in PER_SAMPLE if getattr(cfg, name) != getattr(defaults, name)]
         note = f"; {', '.join(unread)} not read" if unread else ""

@@ -18,10 +18,12 @@ loader processes, or a background thread) and copied on a side stream (`prefetch
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import random
 import signal
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -333,13 +335,56 @@ def micro_batches(batches: StepBatches, stop_step: int, workers: int, pin: bool)
         # whose state a checkpoint saves (a resumed run starts its loader once more)
         generator=torch.Generator().manual_seed(0),
     )
-    return iter(loader)
+    return LoaderBatches(loader)
+
+
+class LoaderBatches:
+    """A DataLoader's batches, whose `close()` ends its loader processes at once, which torch
+    and multiprocessing cannot: the processes ignore SIGTERM (worker_init), torch's shutdown
+    ends a busy one with SIGTERM, and multiprocessing at exit sends SIGTERM to every process
+    left and then waits for it for ever (a run stopped by an error in a loader process held
+    its nodes until the time limit). The training loop closes it on every way out, and any
+    still open at exit is closed before multiprocessing's turn (atexit runs the last
+    registered first)."""
+
+    def __init__(self, loader: DataLoader):
+        self._batches = iter(loader)  # starts the loader processes
+        _open_loaders.add(self)
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Ask the loader processes to end, and kill those still running a moment later."""
+        batches, self._batches = self._batches, iter(())
+        _open_loaders.discard(self)
+        processes = list(getattr(batches, "_workers", []))
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()  # sends each its end, waits a moment, SIGTERM (which they ignore)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+_open_loaders: weakref.WeakSet[LoaderBatches] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    for loader in list(_open_loaders):
+        loader.close()
 
 
 def worker_init(worker_id: int) -> None:
     """Loader workers ignore the preemption signals: only the training process acts on them
     (sites with SignalChildrenProcesses=yes send them to every process of a task), and a worker
-    killed by SIGTERM would crash the loader before the checkpoint is written."""
+    killed by SIGTERM would crash the loader before the checkpoint is written. The training
+    process ends them itself when it stops (LoaderBatches.close)."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32

@@ -130,7 +130,8 @@ class Prefetcher:
         return self.copier.ready(*item)
 
     def close(self) -> None:
-        """Stop the thread (dropping what it prepared); safe to call twice."""
+        """Stop the thread (dropping what it prepared), then the batches' own source (loader
+        processes: batches.LoaderBatches); safe to call twice."""
         self._stop.set()
         if self._thread is not None:
             while self._thread.is_alive():
@@ -139,3 +140,6 @@ class Prefetcher:
                 except queue.Empty:
                     pass
             self._thread = None
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()

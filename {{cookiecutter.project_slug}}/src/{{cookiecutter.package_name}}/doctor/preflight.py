@@ -6,7 +6,8 @@ ranks then measures the bus bandwidth and compares it with what Alps should deli
 (bandwidth.py), and between nodes (nodes.py).
 
 Only rank 0 prints: every rank's results are gathered first, and a problem seen on several ranks
-is one line naming them. Exit status 0 when nothing FAILed, 1 otherwise, the same on every rank.
+is one line naming them. Exit status 0 when nothing FAILed, 1 otherwise, the same on every rank;
+2 for an option it does not take (a job's DOCTOR_ARGS), in one line, before any check.
 
 The checks are plain functions of their inputs (environment, paths, counts), so the tests plant
 faults without a cluster; `local_checks()` feeds them this process's real values.
@@ -202,8 +203,18 @@ def cpu_process_group(env: DistEnv, timeout_s: float) -> Iterator[None]:
 # --------------------------------------------------------------------------- command line
 
 
+USAGE_EXIT_CODE = 2  # told apart from a FAIL's 1 by the job scripts (DOCTOR_ARGS)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line (each rank of a job writes it), not argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
         description="Check the job's environment on every rank, then measure all-reduce "
         "bandwidth. Run it like training: srun (one task per GPU), torchrun or one process.",

@@ -90,15 +90,28 @@ def checked_labels(y: np.ndarray, classes: int | None, name: str, chunk_rows: in
     return int(classes if classes is not None else largest + 1)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def checked_features(x: np.ndarray, name: str, chunk_rows: int) -> None:
-    """Numbers, all finite: a NaN or inf feature makes every loss it reaches NaN."""
+    """Numbers, all finite, also as the float32 they are stored as: a NaN or inf feature makes
+    every loss it reaches NaN (a float64 beyond float32's range is stored as inf)."""
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
         raise DatasetError(f"{name}: features of dtype {x.dtype}; need numbers")
     for start in range(0, len(x), chunk_rows):
-        finite = np.isfinite(np.asarray(x[start : start + chunk_rows], dtype=np.float64))
+        part = np.asarray(x[start : start + chunk_rows], dtype=np.float64)
+        finite = np.isfinite(part)
         if not finite.all():
             row = start + int(np.argmin(finite.all(axis=1)))
             raise DatasetError(f"{name}: row {row} holds a NaN or infinite feature")
+        beyond = (np.abs(part) > FLOAT32_MAX).any(axis=1)
+        if beyond.any():
+            row = start + int(np.argmax(beyond))
+            value = part[row - start][np.abs(part[row - start]) > FLOAT32_MAX][0]
+            raise DatasetError(
+                f"{name}: row {row} holds a feature beyond float32's range ({value:g}; float32 "
+                f"ends at {FLOAT32_MAX:.3g}, the features are stored as float32): scale it"
+            )
 
 
 def add_arguments(make, source) -> None:

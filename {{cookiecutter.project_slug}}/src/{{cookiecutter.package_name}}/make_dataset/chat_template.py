@@ -96,6 +96,8 @@ def render(tokenizer, turns: list[dict], generation_prompt: bool, where: str) ->
         text = tokenizer.apply_chat_template(
             turns, tokenize=False, add_generation_prompt=generation_prompt
         )
+    except MemoryError:  # the template's process's bound (chat_worker.py) says it
+        raise
     except Exception as err:  # the template's own raise_exception, a Jinja error
         raise DatasetError(
             f"{where}: the chat template cannot render it: {first_line(err)}"

@@ -5,7 +5,8 @@ sandbox (transformers'): it cannot reach files or Python, but its loops can run 
 strings grow without end, also while Jinja compiles it (`'x' * 10**9` is computed then). A batch
 that takes longer than its bound ends the process (SIGKILL: no step of the template can delay
 it) and the command, in one line naming the template; a conversation rendered beyond
-chat_template.RENDER_CHARS is refused inside the process.
+chat_template.RENDER_CHARS is refused inside the process. Its memory is bounded too (Linux:
+RLIMIT_AS, see `memory_bound`): a template whose strings grew reached 7 GB within its time.
 
 The process dies with make-dataset (kill -9 included: PR_SET_PDEATHSIG on Linux), leaves Ctrl-C
 and SIGTERM to it, and is killed when the write ends, however it ends. It encodes on one thread
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,11 +38,40 @@ from .chat_template import (
 # (tokenizers encode several MB/s on one core; a template adds a few headers per turn)
 RENDER_SECONDS = 30.0
 RENDER_SECONDS_PER_MB = 10.0
+# Its memory: RENDER_MEMORY more than the process holds when the batch comes, plus
+# RENDER_MEMORY_PER_CHAR for each character of its messages (the rendered text as Python and
+# Rust strings, and the tokens with their offsets, many times over)
+RENDER_MEMORY = 2 * 2**30
+RENDER_MEMORY_PER_CHAR = 64
 
 
 def batch_seconds(batch: list[tuple[str, list[dict]]]) -> float:
     mb = sum(message_chars(turns) for _, turns in batch) / 2**20
     return RENDER_SECONDS + RENDER_SECONDS_PER_MB * mb
+
+
+def batch_memory(batch: list[tuple[str, list[dict]]]) -> int:
+    return RENDER_MEMORY + RENDER_MEMORY_PER_CHAR * sum(message_chars(t) for _, t in batch)
+
+
+@contextmanager
+def memory_bound(extra: int) -> Iterator[None]:
+    """This process's address space bounded to what it has now plus `extra` bytes (RLIMIT_AS:
+    an allocation beyond it raises MemoryError); where /proc/self/statm tells no size (not
+    Linux), unbounded."""
+    try:
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * resource.getpagesize()
+    except OSError:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    bound = min([size + extra, *(x for x in (soft, hard) if x != resource.RLIM_INFINITY)])
+    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def serve(conn, parent_end, parent: int, tokenizer, train_on_prompt: bool, controls) -> None:
@@ -58,13 +89,15 @@ def serve(conn, parent_end, parent: int, tokenizer, train_on_prompt: bool, contr
         except (EOFError, OSError):  # make-dataset closed its end: done
             return
         try:
-            answer = ("ok", list(encode_conversations(tokenizer, batch, train_on_prompt, controls)))
+            with memory_bound(batch_memory(batch)):
+                encoded = list(encode_conversations(tokenizer, batch, train_on_prompt, controls))
+            answer = ("ok", encoded)
         except DatasetError as err:
             answer = ("error", str(err))
         except RenderedTooLong as err:
             answer = ("too long", err.args)
         except MemoryError:
-            answer = ("memory", batch[0][0])
+            answer = ("memory", batch_memory(batch))
         conn.send(answer)
 
 
@@ -116,7 +149,12 @@ class TemplateWorker:
         if kind == "too long":
             raise DatasetError(too_long(self.template, *value))
         if kind == "memory":
-            raise DatasetError(f"{self.template}: out of memory rendering {value}")
+            raise DatasetError(
+                f"{self.template}: rendering and encoding {batch[0][0]} and the "
+                f"{len(batch) - 1} conversations after it needed more than {value / 2**30:.1f} "
+                "GiB of memory: the template's loops or strings grow without bound; fix the "
+                "template or give another with --chat-template"
+            )
         raise DatasetError(value)
 
     def close(self) -> None:
@@ -163,10 +201,11 @@ def render_into(sender, parent: int, render) -> None:
     dying_with(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as in `serve`
     try:
-        text = render()
+        with memory_bound(RENDER_MEMORY):
+            text = render()
         answer = ("ok", text) if len(text) <= RENDER_CHARS else ("too long", len(text))
     except MemoryError:
-        answer = ("error", "out of memory rendering it")
+        answer = ("error", f"rendering it needed more than {RENDER_MEMORY / 2**30:.1f} GiB")
     except Exception as err:  # jinja2's and transformers' many error types
         answer = ("error", first_line(err))
     sender.send(answer)

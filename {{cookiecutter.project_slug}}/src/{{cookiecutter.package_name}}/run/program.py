@@ -46,6 +46,7 @@ SIGNALS = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal
 # program it stopped is requeued
 WARNINGS = (signal.SIGUSR2, signal.SIGUSR1)
 NOT_FOUND_EXIT_CODE = 127  # what a shell returns for a command it cannot find
+NOT_EXECUTABLE_EXIT_CODE = 126  # and for a file it cannot run
 HEARTBEAT_S = 60.0  # the lock's heartbeat (run/lock.py: a holder silent for 15 min is gone)
 LOCK_WAIT_S = 300.0  # how long a task waits for task 0 to take the lock
 
@@ -125,6 +126,12 @@ def program_argv(command: list[str], torchrun: list[str] | None) -> list[str]:
                 f"{name}: no such file (a path from the repository root, where the job runs)",
                 NOT_FOUND_EXIT_CODE,
             )
+    elif os.sep in name and Path(name).is_file() and not os.access(name, os.X_OK):
+        raise Refused(
+            f"{name}: not executable: chmod +x {name}, or name its interpreter first "
+            f"(python {name}, bash {name})",
+            NOT_EXECUTABLE_EXIT_CODE,
+        )
     elif shutil.which(name) is None:
         venv = os.environ.get("VIRTUAL_ENV", "the venv")
         raise Refused(

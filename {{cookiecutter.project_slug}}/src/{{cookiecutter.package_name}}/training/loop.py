@@ -194,7 +194,7 @@ def run_training(
             if decision.stop:
                 # the checkpoint must be complete before the job gives up its nodes
                 record_written(ckpt.wait(), schedule, meter)
-                if env.is_main:  # torchrun turns exit 3 into 1: the marker tells the script
+                if env.is_main:  # the job script's sign, whatever status a launcher reports
                     preemption.write_requeue_marker(run_dir, f"step {step}: {decision.reason}")
                 log.warning(
                     "stopping at step %d (%s); checkpoint written, exiting with %d to be requeued",
