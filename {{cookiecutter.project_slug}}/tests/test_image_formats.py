@@ -70,17 +70,19 @@ def test_16_bit_classes_that_differ_below_8_bits_train_above_chance(
     run_dir = tmp_path / "run"
     argv = [
         "train", "device=cpu", "model=vision", "vision_model=resnet18", f"dataset={sixteen_bit}",
-        "image_size=16", "batch_size=8", "lr=0.001", "warmup_steps=0", "max_steps=12",
-        "log_every=1", "eval_every=12", "checkpoint_every=12", "num_workers=0", "cpu_threads=1",
+        "image_size=16", "batch_size=8", "lr=0.001", "warmup_steps=0", "max_steps=24",
+        "log_every=1", "eval_every=24", "checkpoint_every=24", "num_workers=0", "cpu_threads=1",
         f"run_dir={run_dir}",
     ]  # fmt: skip
     assert main(argv) == 0
-    assert checkpoint_steps(run_dir) == [12]
+    assert checkpoint_steps(run_dir) == [24]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     (evaluation,) = [r for r in records if r["kind"] == "eval"]
     assert all(np.isfinite(r["loss"]) for r in train) and "images_per_s" in train[-1]
-    assert evaluation["eval_acc"] >= 0.75  # 8 validation images, chance 0.5
+    # 8 validation images, chance 0.5. 24 steps, not 12: after 12 the batch norms' running
+    # statistics are far from settled, and the evaluation sat at chance on one CPU's kernels
+    assert evaluation["eval_acc"] >= 0.75
 
 
 def test_high_bit_images_are_scaled_by_the_datasets_range():
