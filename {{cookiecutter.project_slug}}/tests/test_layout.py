@@ -189,12 +189,6 @@ WORKLOADS = {
 }  # fmt: skip
 # Imports across a workload's walls that are not yet inverted: (module, imported): why.
 KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
-    ("checkpoint.export", "checkpoint.lora"): "adapters merged on export",
-    ("checkpoint.initial", "models.lora"): "adapters left out of init_from",
-    ("checkpoint.start", "models.lora"): "a LoRA run loads its base at every start",
-    ("training.start", "checkpoint.lora"): "a LoRA run records its base",
-    ("commands.benchmark", "models.lora"): "LoRA's state sizes in the verdict",
-    ("commands.evaluate", "checkpoint.lora"): "a LoRA run's base checked",
     ("checkpoint.initial", "checkpoint.hf_format"): "init_from a Hugging Face directory",
     ("checkpoint.initial", "data.tokenizer"): "init_from a run of another tokenizer",
     ("commands.evaluate", "data.tokenizer"): "--print-split decodes tokens",

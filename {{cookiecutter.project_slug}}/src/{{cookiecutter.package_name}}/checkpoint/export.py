@@ -15,7 +15,7 @@ from ..config_keys import ConfigError, optional_import
 from ..data.preprocessing import export_fields
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
-from . import lora
+from . import adapters
 from .integrity import MARKER, CheckpointError, complete_checkpoints, verify
 from .manager import read_checkpoint
 
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__.split(".")[0])
 def load_model_state(run_dir: Path, merge_adapters: bool = True) -> tuple[dict, dict]:
     """(saved config, full unsharded model state dict on CPU) from the newest complete and
     verified checkpoint of `run_dir` (or from the checkpoint directory `run_dir`). One process,
-    no process group needed, whatever the number of ranks that wrote it. A LoRA run's adapters
-    are merged into its base (checkpoint/lora.py), unless `merge_adapters` is False."""
+    no process group needed, whatever the number of ranks that wrote it. A run's adapters
+    are merged into its base (checkpoint/adapters.py), unless `merge_adapters` is False."""
     if not Path(run_dir).is_dir():
         raise ConfigError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
     candidates = complete_checkpoints(run_dir)
@@ -51,7 +51,7 @@ def _read_model(path: Path, parts: dict[str, str], merge_adapters: bool) -> tupl
     flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
     record = json.loads(flat.pop(extra, "{}"))
     state = {key[len(prefix) :]: tensor for key, tensor in flat.items()}
-    return lora.merged(record, state) if merge_adapters else (record.get("config", {}), state)
+    return adapters.merged(record, state) if merge_adapters else (record.get("config", {}), state)
 
 
 def check_outside_checkpoints(run_dir: Path, out: Path) -> None:

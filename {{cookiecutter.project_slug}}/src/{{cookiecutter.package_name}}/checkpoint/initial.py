@@ -41,9 +41,9 @@ from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError, optional_import
 from ..data.tokenizer import tokenizer_identity
-from ..models import lora
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
+from .adapters import init_adapters
 from .integrity import MARKER, complete_checkpoints, verify
 from .manager import read_checkpoint
 
@@ -155,7 +155,7 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
         )
     state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
     tied = tied_names(state)
-    skipped = tied.keys() | lora.init_adapters(state, cfg.seed)  # LoRA's adapters: set, not read
+    skipped = tied.keys() | init_adapters(state, cfg.seed)  # adapters (LoRA's): set, not read
     expected = {k: tuple(v.shape) for k, v in state.items() if k not in skipped}
     names, stored = _name_map(spec, cfg, info, directory, expected)
     vocab_size = directory.config.get("vocab_size")
