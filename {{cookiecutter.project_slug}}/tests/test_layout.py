@@ -195,8 +195,6 @@ KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
     ("commands.evaluate", "data.tokens"): "--print-split reads token shards",
     ("commands.export", "checkpoint.export_hf"): "export --hf",
     ("commands.export", "checkpoint.export_peft"): "export --peft",
-    ("make_dataset.images", "make_dataset.hf_datasets"): "the writers' worker count",
-    ("make_dataset.image_check", "make_dataset.hf_datasets"): "the writers' time format",
     ("checkpoint.export", "data.preprocessing"): "an image model's preprocessing exported",
     ("data.plain_loader", "data.augmentation"): "benchmark's plain loop per kind",
     ("data.plain_loader", "data.images"): "benchmark's plain loop per kind",
