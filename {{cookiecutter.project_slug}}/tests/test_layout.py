@@ -190,7 +190,6 @@ WORKLOADS = {
 # Imports across a workload's walls that are not yet inverted: (module, imported): why.
 KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
     ("checkpoint.initial", "checkpoint.hf_format"): "init_from a Hugging Face directory",
-    ("checkpoint.initial", "data.tokenizer"): "init_from a run of another tokenizer",
     ("commands.evaluate", "data.tokenizer"): "--print-split decodes tokens",
     ("commands.evaluate", "data.tokens"): "--print-split reads token shards",
     ("commands.export", "checkpoint.export_hf"): "export --hf",

@@ -105,6 +105,9 @@ class DatasetKind:
     keys: the kind's own config keys, a dataclass whose fields are `key(...)`s, as a model's
         (config_keys.py); the registry joins them to a run's config, where the kind reads them
         by name (`cfg.image_size`). None: it reads general keys only.
+    ids_made_by(details): what made the ids of a dataset of this kind ("bytes", a tokenizer's
+        sha256), from a DataInfo's details; None where nothing says. init_from refuses a run
+        trained on ids that another made (their same id is another word). None: no ids.
     """
 
     name: str
@@ -112,3 +115,4 @@ class DatasetKind:
     open: Callable[[Path, Any, Any], Splits]
     synthetic: Callable[[Any, Any], Splits] | None = None
     keys: type | None = None
+    ids_made_by: Callable[[dict], str | None] | None = None

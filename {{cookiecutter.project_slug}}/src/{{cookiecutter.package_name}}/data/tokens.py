@@ -267,9 +267,19 @@ def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     )
 
 
+def tokenizer_identity(details: dict) -> str | None:
+    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
+    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
+    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
+    if kind == "bytes":
+        return kind
+    return f"{kind} sha256:{digest}" if digest else None
+
+
 KIND = DatasetKind(
     name="tokens",
     format=FORMAT,
     open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
     synthetic=lambda cfg, spec: token_splits(synthetic_tokens(cfg), cfg, spec),
+    ids_made_by=tokenizer_identity,
 )
