@@ -192,8 +192,6 @@ KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
     ("checkpoint.initial", "checkpoint.hf_format"): "init_from a Hugging Face directory",
     ("commands.evaluate", "data.tokenizer"): "--print-split decodes tokens",
     ("commands.evaluate", "data.tokens"): "--print-split reads token shards",
-    ("commands.export", "checkpoint.export_hf"): "export --hf",
-    ("commands.export", "checkpoint.export_peft"): "export --peft",
     ("checkpoint.export", "data.preprocessing"): "an image model's preprocessing exported",
     ("data.plain_loader", "data.augmentation"): "benchmark's plain loop per kind",
     ("data.plain_loader", "data.images"): "benchmark's plain loop per kind",

@@ -1,12 +1,20 @@
 """Reading a checkpoint in one process, whatever the number of ranks that wrote it: the model
-alone (`load_model_state`), as one file (`export_model`), or every entry (`read_checkpoint`)."""
+alone (`load_model_state`), as one file (`export_model`), or every entry (`read_checkpoint`).
+
+`export --format NAME` writes one of EXPORT_FORMATS: `file` is export_model; another format is
+one module in this folder with an `EXPORT_FORMAT` (an `ExportFormat`), and its module name in
+EXPORT_MODULES: one line. They are imported when `export` builds its parser, not before."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
 import subprocess
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -155,3 +163,36 @@ def git_commit() -> str | None:
     if result.returncode != 0:
         return None
     return result.stdout.strip() or None
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """`export --format NAME`: `write(run_dir, out)` writes the newest checkpoint's model at
+    `out` and returns it; `help`: its words in `export --help`; `loaded_by`: what loads the
+    directory it writes (None: it writes one file)."""
+
+    name: str
+    help: str
+    write: Callable[[Path, Path], Path]
+    loaded_by: str | None = None
+
+
+EXPORT_MODULES = (
+    "export_hf",  # --format hf: a directory transformers loads
+    "export_peft",  # --format peft: a LoRA run's adapters, a directory peft loads
+)
+FILE_FORMAT = ExportFormat("file", "one state dict (.pt/.safetensors)", export_model)
+
+
+@functools.cache
+def export_formats() -> dict[str, ExportFormat]:
+    """Every export format by name, `file` first."""
+    found = {FILE_FORMAT.name: FILE_FORMAT}
+    for module in EXPORT_MODULES:
+        entry = importlib.import_module(f".{module}", __package__).EXPORT_FORMAT
+        if entry.name in found:
+            raise ImportError(
+                f"two export formats are named {entry.name!r} (checkpoint/{module}.py)"
+            )
+        found[entry.name] = entry
+    return found
