@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from ..config_keys import ConfigError, optional_import
-from ..data.preprocessing import export_fields
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
 from . import adapters
@@ -130,8 +129,9 @@ def reload_fields(config: dict) -> dict[str, str]:
     """What rebuilds the model without this package, as metadata strings: `model`, the model's
     own keys (`vision_model`: torchvision.models.get_model's name; `timm_model`:
     timm.create_model's), a classifier's `num_classes` and `class_names` (a JSON list, in label
-    order), and an image model's evaluation transform (data/preprocessing.py: `image_size`,
-    `resize_size`, `crop`, `interpolation`, `mean`, `std`)."""
+    order), and what the dataset's kind adds (its `export_fields`: an images dataset's
+    evaluation transform, data/preprocessing.py: `image_size`, `resize_size`, `crop`,
+    `interpolation`, `mean`, `std`)."""
     fields: dict[str, str] = {}
     model = config.get("model")
     if isinstance(model, str):
@@ -144,7 +144,11 @@ def reload_fields(config: dict) -> dict[str, str]:
         fields["num_classes"] = str(info["num_classes"])
         fields["class_names"] = json.dumps(list(info.get("class_names") or ()))
     if isinstance(info, dict) and isinstance(info.get("details"), dict):
-        fields |= export_fields(info["details"])
+        from ..data.kinds import KINDS
+
+        kind = KINDS.get(str(info.get("kind")))
+        if kind is not None and kind.export_fields is not None:
+            fields |= kind.export_fields(info["details"])
     return fields
 
 

@@ -57,7 +57,7 @@ from .directory import (
     read_index,
 )
 from .info import DataInfo, DatasetKind, Splits
-from .preprocessing import Preprocessing, eval_transform, resolve
+from .preprocessing import Preprocessing, eval_transform, export_fields, resolve
 
 FORMAT = "images/1"
 SPLITS = ("train", "val")
@@ -322,5 +322,10 @@ def synthetic(cfg, spec) -> Splits:
 
 
 KIND = DatasetKind(
-    name="images", format=FORMAT, open=open_images, synthetic=synthetic, keys=ImageKeys
+    name="images",
+    format=FORMAT,
+    open=open_images,
+    synthetic=synthetic,
+    keys=ImageKeys,
+    export_fields=export_fields,
 )

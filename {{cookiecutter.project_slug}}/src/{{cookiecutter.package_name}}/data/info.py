@@ -108,6 +108,9 @@ class DatasetKind:
     ids_made_by(details): what made the ids of a dataset of this kind ("bytes", a tokenizer's
         sha256), from a DataInfo's details; None where nothing says. init_from refuses a run
         trained on ids that another made (their same id is another word). None: no ids.
+    export_fields(details): what an exported file's metadata needs to use the model on data of
+        this kind without this package (an image model's evaluation transform), as strings
+        from a DataInfo's details. None: nothing.
     """
 
     name: str
@@ -116,3 +119,4 @@ class DatasetKind:
     synthetic: Callable[[Any, Any], Splits] | None = None
     keys: type | None = None
     ids_made_by: Callable[[dict], str | None] | None = None
+    export_fields: Callable[[dict], dict[str, str]] | None = None
