@@ -192,10 +192,6 @@ KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
     ("checkpoint.initial", "checkpoint.hf_format"): "init_from a Hugging Face directory",
     ("commands.evaluate", "data.tokenizer"): "--print-split decodes tokens",
     ("commands.evaluate", "data.tokens"): "--print-split reads token shards",
-    ("data.plain_loader", "data.augmentation"): "benchmark's plain loop per kind",
-    ("data.plain_loader", "data.images"): "benchmark's plain loop per kind",
-    ("data.plain_loader", "data.preprocessing"): "benchmark's plain loop per kind",
-    ("data.plain_loader", "data.tokens"): "benchmark's plain loop per kind",
 }
 
 

@@ -84,7 +84,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     baseline, inline = None, None
     try:
         # the inline loop draws the windows of the package's steps from here on
-        inline = inline_loop(run) if run.source.info.kind == "tokens" else None
+        inline = inline_loop(run)  # None: the kind has no inline reader
         baseline = plain_loop(run, workers) if decoded else bare_loop(run, next(inputs))
 
         kept: list[torch.Tensor] = []  # the non-finite check's values since its last read

@@ -111,6 +111,11 @@ class DatasetKind:
     export_fields(details): what an exported file's metadata needs to use the model on data of
         this kind without this package (an image model's evaluation transform), as strings
         from a DataInfo's details. None: nothing.
+    plain_training_set(directory, details, cfg): benchmark's plain loop (data/plain_loader.py):
+        (the training split read as a plain reference loop reads it, those words); None: the
+        kind's own training split.
+    inline_windows(cfg): benchmark's inline loop: read(seed, step, micro, rank, batch_size,
+        block) -> (x, y), the run's windows read inline (nanoGPT's get_batch); None: no such loop.
     """
 
     name: str
@@ -120,3 +125,5 @@ class DatasetKind:
     keys: type | None = None
     ids_made_by: Callable[[dict], str | None] | None = None
     export_fields: Callable[[dict], dict[str, str]] | None = None
+    plain_training_set: Callable[[Path, dict, Any], tuple[Any, str]] | None = None
+    inline_windows: Callable[[Any], Callable[..., tuple[Any, Any]]] | None = None
