@@ -225,6 +225,45 @@ def test_the_workloads_name_modules_that_exist():
     assert len(listed) == len(set(listed)), "a module in two workloads"
 
 
+# Shared modules that still compare a dataset kind's name: module: why.
+KNOWN_KIND_BRANCHES = {
+    "commands.evaluate": "--print-split decodes the tokens kind's shards (see KNOWN_CROSSINGS)",
+}
+
+
+def kind_name_branches(source: str, names: set[str]) -> list[str]:
+    """The comparisons in `source` with a dataset kind's name: `kind.name != "tokens"`,
+    `info.kind in ("tokens", "chat")`."""
+
+    def named(node: ast.expr) -> bool:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(named(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and node.value in names
+
+    return [
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare) and any(map(named, [node.left, *node.comparators]))
+    ]
+
+
+def test_shared_code_branches_on_no_kind_of_data():
+    """A shared module asks the kind (data/info.py's DatasetKind) what it needs instead."""
+    names = set(KIND_MODULES)
+    found = {
+        name: branches
+        for name, path in modules().items()
+        if workload_of(name) is None and (branches := kind_name_branches(path.read_text(), names))
+    }
+    assert found.keys() == KNOWN_KIND_BRANCHES.keys(), found
+    before = 'if run.source.info.kind == "tokens":\n    pass\nx = kind in ("images",)\n'
+    assert kind_name_branches(before, names) == [
+        "run.source.info.kind == 'tokens'",
+        "kind in ('images',)",
+    ]
+    assert kind_name_branches('unit = "tokens"\n', names) == []
+
+
 def test_an_import_across_a_workload_is_found():
     graph = {"checkpoint.start": {"models.lora", "config_keys"}, "models.lora": set()}
     assert crossings(graph) == {("checkpoint.start", "models.lora")}  # before issue 56

@@ -105,6 +105,8 @@ class DatasetKind:
     keys: the kind's own config keys, a dataclass whose fields are `key(...)`s, as a model's
         (config_keys.py); the registry joins them to a run's config, where the kind reads them
         by name (`cfg.image_size`). None: it reads general keys only.
+    synthetic_keys: the general config keys its synthetic data reads (the tokens kind:
+        vocab_size); a value set for one that nothing in the run reads is dropped with a line.
     ids_made_by(details): what made the ids of a dataset of this kind ("bytes", a tokenizer's
         sha256), from a DataInfo's details; None where nothing says. init_from refuses a run
         trained on ids that another made (their same id is another word). None: no ids.
@@ -123,6 +125,7 @@ class DatasetKind:
     open: Callable[[Path, Any, Any], Splits]
     synthetic: Callable[[Any, Any], Splits] | None = None
     keys: type | None = None
+    synthetic_keys: tuple[str, ...] = ()
     ids_made_by: Callable[[dict], str | None] | None = None
     export_fields: Callable[[dict], dict[str, str]] | None = None
     plain_training_set: Callable[[Path, dict, Any], tuple[Any, str]] | None = None

@@ -313,6 +313,7 @@ KIND = DatasetKind(
     format=FORMAT,
     open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
     synthetic=lambda cfg, spec: token_splits(synthetic_tokens(cfg), cfg, spec),
+    synthetic_keys=("vocab_size",),
     ids_made_by=tokenizer_identity,
     inline_windows=inline_windows,
 )
