@@ -189,7 +189,11 @@ WORKLOADS = {
 }  # fmt: skip
 # Imports across a workload's walls that are not yet inverted: (module, imported): why.
 KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
+    # init_from reads a Hugging Face directory for a model whose spec maps its names
+    # (ModelSpec.hf: the GPT's, model=hf's); next: the sources of init_from as a table
     ("checkpoint.initial", "checkpoint.hf_format"): "init_from a Hugging Face directory",
+    # evaluate --print-split decodes a token dataset: data/tokenizer.py imports the token and
+    # chat kinds, so the tokens kind cannot hold the decoding without an import cycle
     ("commands.evaluate", "data.tokenizer"): "--print-split decodes tokens",
     ("commands.evaluate", "data.tokens"): "--print-split reads token shards",
 }
