@@ -30,6 +30,7 @@ def test_package_layout(repo, package):
     packages = {
         "checkpoint": {
             "__init__",
+            "adapters",
             "export",
             "export_hf",
             "export_peft",

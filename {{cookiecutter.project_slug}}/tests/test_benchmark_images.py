@@ -13,7 +13,7 @@ from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config.settings import load_config  # noqa: E402
-from {{ cookiecutter.package_name }}.data import plain_loader  # noqa: E402
+from {{ cookiecutter.package_name }}.data import images as images_kind  # noqa: E402
 from {{ cookiecutter.package_name }}.data.kinds import open_splits  # noqa: E402
 from {{ cookiecutter.package_name }}.data.preprocessing import recorded  # noqa: E402
 from {{ cookiecutter.package_name }}.models import spec_of  # noqa: E402
@@ -78,7 +78,7 @@ def test_the_plain_loop_reads_the_packages_images_with_the_same_labels(packed):
     cfg = load_config(None, vision_args(packed)).config
     package = open_splits(cfg, spec_of(cfg))
     package_split = package.train
-    plain = plain_loader.PackedImagesPlainly(packed, recorded(package.info.details), cfg)
+    plain = images_kind.PackedImagesPlainly(packed, recorded(package.info.details), cfg)
     assert len(plain) == len(package_split)
     for index in (0, len(plain) - 1):
         torch.manual_seed(index)

@@ -14,9 +14,8 @@ from {{ cookiecutter.package_name }} import distributed
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config
 from {{ cookiecutter.package_name }}.data import batches as data
-from {{ cookiecutter.package_name }}.data import plain_loader
 from {{ cookiecutter.package_name }}.data.kinds import open_splits
-from {{ cookiecutter.package_name }}.data.tokens import TokenDataset
+from {{ cookiecutter.package_name }}.data.tokens import TokenDataset, read_windows
 from {{ cookiecutter.package_name }}.make_dataset import text_files
 from {{ cookiecutter.package_name }}.models import spec_of
 from {{ cookiecutter.package_name }}.training import baselines
@@ -45,18 +44,18 @@ def test_the_inline_loop_reads_the_packages_windows_from_the_shards(token_shards
     shutil.copytree(token_shards, copy)
     dataset = TokenDataset.open(copy)
     for step, micro in ((0, 0), (3, 1), (17, 0)):
-        x, y = plain_loader.read_windows(dataset, cfg.seed, step, micro, 0, cfg.batch_size, 32)
+        x, y = read_windows(dataset, cfg.seed, step, micro, 0, cfg.batch_size, 32)
         expected = source.draw(cfg.seed, step, micro, 0, cfg.batch_size)
         assert torch.equal(x, expected["inputs"]) and torch.equal(y, expected["targets"])
     # It reads the files at every batch: other tokens on disk are other batches, and a shard
     # gone is an error (its windows are not held in memory).
     for shard in copy.glob("train-*.bin"):
         shard.write_bytes(np.zeros(len(np.fromfile(shard, np.uint16)), np.uint16).tobytes())
-    x, _ = plain_loader.read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
+    x, _ = read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
     assert not x.any()
     next(copy.glob("train-*.bin")).unlink()
     with pytest.raises(FileNotFoundError):
-        plain_loader.read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
+        read_windows(dataset, cfg.seed, 0, 0, 0, cfg.batch_size, 32)
 
 
 def test_with_one_rank_the_loops_step_the_runs_own_model(token_shards, single_process):

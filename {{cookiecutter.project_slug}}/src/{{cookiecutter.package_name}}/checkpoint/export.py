@@ -1,21 +1,28 @@
 """Reading a checkpoint in one process, whatever the number of ranks that wrote it: the model
-alone (`load_model_state`), as one file (`export_model`), or every entry (`read_checkpoint`)."""
+alone (`load_model_state`), as one file (`export_model`), or every entry (`read_checkpoint`).
+
+`export --format NAME` writes one of EXPORT_FORMATS: `file` is export_model; another format is
+one module in this folder with an `EXPORT_FORMAT` (an `ExportFormat`), and its module name in
+EXPORT_MODULES: one line. They are imported when `export` builds its parser, not before."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
 import subprocess
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..config_keys import ConfigError, optional_import
-from ..data.preprocessing import export_fields
 from ..run.atomic import atomic_write, hidden_write_cause
 from ..run.rundir import RunDir
-from . import lora
+from . import adapters
 from .integrity import MARKER, CheckpointError, complete_checkpoints, verify
 from .manager import read_checkpoint
 
@@ -25,8 +32,8 @@ log = logging.getLogger(__name__.split(".")[0])
 def load_model_state(run_dir: Path, merge_adapters: bool = True) -> tuple[dict, dict]:
     """(saved config, full unsharded model state dict on CPU) from the newest complete and
     verified checkpoint of `run_dir` (or from the checkpoint directory `run_dir`). One process,
-    no process group needed, whatever the number of ranks that wrote it. A LoRA run's adapters
-    are merged into its base (checkpoint/lora.py), unless `merge_adapters` is False."""
+    no process group needed, whatever the number of ranks that wrote it. A run's adapters
+    are merged into its base (checkpoint/adapters.py), unless `merge_adapters` is False."""
     if not Path(run_dir).is_dir():
         raise ConfigError(f"{run_dir} does not exist (or is not a directory): which run_dir?")
     candidates = complete_checkpoints(run_dir)
@@ -51,7 +58,7 @@ def _read_model(path: Path, parts: dict[str, str], merge_adapters: bool) -> tupl
     flat = read_checkpoint(path, lambda key: key.startswith(prefix) or key == extra)
     record = json.loads(flat.pop(extra, "{}"))
     state = {key[len(prefix) :]: tensor for key, tensor in flat.items()}
-    return lora.merged(record, state) if merge_adapters else (record.get("config", {}), state)
+    return adapters.merged(record, state) if merge_adapters else (record.get("config", {}), state)
 
 
 def check_outside_checkpoints(run_dir: Path, out: Path) -> None:
@@ -122,8 +129,9 @@ def reload_fields(config: dict) -> dict[str, str]:
     """What rebuilds the model without this package, as metadata strings: `model`, the model's
     own keys (`vision_model`: torchvision.models.get_model's name; `timm_model`:
     timm.create_model's), a classifier's `num_classes` and `class_names` (a JSON list, in label
-    order), and an image model's evaluation transform (data/preprocessing.py: `image_size`,
-    `resize_size`, `crop`, `interpolation`, `mean`, `std`)."""
+    order), and what the dataset's kind adds (its `export_fields`: an images dataset's
+    evaluation transform, data/preprocessing.py: `image_size`, `resize_size`, `crop`,
+    `interpolation`, `mean`, `std`)."""
     fields: dict[str, str] = {}
     model = config.get("model")
     if isinstance(model, str):
@@ -136,7 +144,11 @@ def reload_fields(config: dict) -> dict[str, str]:
         fields["num_classes"] = str(info["num_classes"])
         fields["class_names"] = json.dumps(list(info.get("class_names") or ()))
     if isinstance(info, dict) and isinstance(info.get("details"), dict):
-        fields |= export_fields(info["details"])
+        from ..data.kinds import KINDS
+
+        kind = KINDS.get(str(info.get("kind")))
+        if kind is not None and kind.export_fields is not None:
+            fields |= kind.export_fields(info["details"])
     return fields
 
 
@@ -155,3 +167,36 @@ def git_commit() -> str | None:
     if result.returncode != 0:
         return None
     return result.stdout.strip() or None
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """`export --format NAME`: `write(run_dir, out)` writes the newest checkpoint's model at
+    `out` and returns it; `help`: its words in `export --help`; `loaded_by`: what loads the
+    directory it writes (None: it writes one file)."""
+
+    name: str
+    help: str
+    write: Callable[[Path, Path], Path]
+    loaded_by: str | None = None
+
+
+EXPORT_MODULES = (
+    "export_hf",  # --format hf: a directory transformers loads
+    "export_peft",  # --format peft: a LoRA run's adapters, a directory peft loads
+)
+FILE_FORMAT = ExportFormat("file", "one state dict (.pt/.safetensors)", export_model)
+
+
+@functools.cache
+def export_formats() -> dict[str, ExportFormat]:
+    """Every export format by name, `file` first."""
+    found = {FILE_FORMAT.name: FILE_FORMAT}
+    for module in EXPORT_MODULES:
+        entry = importlib.import_module(f".{module}", __package__).EXPORT_FORMAT
+        if entry.name in found:
+            raise ImportError(
+                f"two export formats are named {entry.name!r} (checkpoint/{module}.py)"
+            )
+        found[entry.name] = entry
+    return found

@@ -28,7 +28,7 @@ from ..data.tokenizer import (
 )
 from ..models import spec_of
 from . import hf_format
-from .export import check_outside_checkpoints, load_model_state
+from .export import ExportFormat, check_outside_checkpoints, load_model_state
 
 SETTINGS = "tokenizer_config.json"
 
@@ -87,3 +87,6 @@ def dtype_of(tensors: dict[str, torch.Tensor]) -> str:
     if len(kinds) != 1:
         raise ConfigError(f"export --format hf: the model's tensors mix {sorted(map(str, kinds))}")
     return str(kinds.pop()).removeprefix("torch.")
+
+
+EXPORT_FORMAT = ExportFormat("hf", "a directory transformers loads", export_hf, "transformers")

@@ -13,7 +13,7 @@ from ..models import lora
 from ..models.hf import PREFIX, hf_config
 from ..run.atomic import atomic_directory
 from . import hf_format
-from .export import check_outside_checkpoints, load_model_state
+from .export import ExportFormat, check_outside_checkpoints, load_model_state
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -50,3 +50,8 @@ def write_adapter_dir(out: Path, config, tensors: dict) -> Path:
         hf_format.save_tensors(tensors, tmp / WEIGHTS, out)
         config.save_pretrained(str(tmp))  # adapter_config.json
     return out
+
+
+EXPORT_FORMAT = ExportFormat(
+    "peft", "a LoRA run's adapters, a directory peft loads onto the base", export_peft, "peft"
+)

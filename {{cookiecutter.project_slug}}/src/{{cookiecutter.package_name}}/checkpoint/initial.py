@@ -40,10 +40,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..config_keys import ConfigError, optional_import
-from ..data.tokenizer import tokenizer_identity
-from ..models import lora
+from ..data.kinds import KINDS
 from ..telemetry.metrics import peak_resident_gib
 from . import hf_format
+from .adapters import init_adapters
 from .integrity import MARKER, complete_checkpoints, verify
 from .manager import read_checkpoint
 
@@ -155,7 +155,7 @@ def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
         )
     state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
     tied = tied_names(state)
-    skipped = tied.keys() | lora.init_adapters(state, cfg.seed)  # LoRA's adapters: set, not read
+    skipped = tied.keys() | init_adapters(state, cfg.seed)  # adapters (LoRA's): set, not read
     expected = {k: tuple(v.shape) for k, v in state.items() if k not in skipped}
     names, stored = _name_map(spec, cfg, info, directory, expected)
     vocab_size = directory.config.get("vocab_size")
@@ -356,14 +356,18 @@ def _from_run_dir(model, cfg, info, checkpoints: list[Path]) -> str:
 
 
 def other_tokenizer(checkpoint: Path, train_part: str | None, cfg, info) -> str:
-    """The source run's ids must be the new run's words: the tokenizer its checkpoint records
-    (data_info, e.g. "huggingface sha256:...", "bytes") against the new run's dataset's. Another
-    one is refused unless init_new_vocabulary=true, which the log then states ("" when the
-    same, or when either side made its ids elsewhere: "external")."""
+    """The source run's ids must be the new run's words: what made them, as its checkpoint
+    records it (data_info, e.g. "huggingface sha256:...", "bytes"; the kind's `ids_made_by`
+    reads it) against the new run's dataset's. Another one is refused unless
+    init_new_vocabulary=true, which the log then states ("" when the same, when either side
+    made its ids elsewhere: "external", or for a kind without ids)."""
+    made_by = KINDS[info.kind].ids_made_by if info.kind in KINDS else None
+    if made_by is None:
+        return ""
     extra = read_checkpoint(checkpoint, lambda key: key == f"{train_part}.extra")
     recorded = json.loads(next(iter(extra.values()), None) or "{}").get("config", {})
-    theirs = tokenizer_identity((recorded.get("data_info") or {}).get("details", {}))
-    ours = tokenizer_identity(info.details)
+    theirs = made_by((recorded.get("data_info") or {}).get("details", {}))
+    ours = made_by(info.details)
     if theirs is None or ours is None or theirs == ours:
         return ""
     what = f"{checkpoint} was trained on ids of another tokenizer ({theirs}; this run's: {ours})"

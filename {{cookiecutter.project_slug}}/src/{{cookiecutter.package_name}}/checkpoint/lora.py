@@ -25,6 +25,7 @@ import torch
 from ..config_keys import ConfigError
 from ..models import lora
 from . import hf_format
+from .adapters import Adapter
 
 log = logging.getLogger(__name__.split(".")[0])
 
@@ -110,3 +111,25 @@ def merged(extra: dict, state: dict) -> tuple[dict, dict]:
             full[f"{layer}.weight"] += delta.T if transposed else delta
     plain = {k: v for k, v in own.items() if k not in lora.LoraKeys.__dataclass_fields__}
     return values | {values["model"]: plain}, full
+
+
+def describe_sizes(result: dict) -> str:
+    """benchmark's words for `lora.state_sizes`' figures ("" for a run without adapters)."""
+    if "lora_optimizer_state_gib" not in result:
+        return ""
+    return (
+        "; LoRA: AdamW state {lora_optimizer_state_gib:.3g} GiB, checkpoints "
+        "{lora_checkpoint_gib:.3g} GiB (full fine-tuning: {full_optimizer_state_gib:.3g} "
+        "and {full_checkpoint_gib:.3g} GiB)".format(**result)
+    )
+
+
+ADAPTER = Adapter(
+    name="lora",
+    enabled=lora.enabled,
+    init_adapters=lora.init_adapters,
+    record_base=record_base,
+    merged=merged,
+    state_sizes=lora.state_sizes,
+    describe_sizes=describe_sizes,
+)

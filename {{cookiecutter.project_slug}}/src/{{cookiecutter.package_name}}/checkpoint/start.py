@@ -8,8 +8,9 @@ in a collective, looks at the run directory and at the weights the config names:
 - a new run starts from weights where the config names some: `init_from` (a run directory, a
   Hugging Face directory or a weights file, initial.py) or the model's own (`model=hf`:
   hf_model's pretrained weights); else from the weights `build` makes;
-- a LoRA run (models/lora.py) loads its frozen base, hf_model's, at every start, new or resumed:
-  the checkpoints hold the adapters only, which then load over it.
+- a run that trains adapters (adapters.py; LoRA's: models/lora.py) loads its frozen base,
+  hf_model's, at every start, new or resumed: the checkpoints hold the adapters only, which then
+  load over it.
 
 `load_start` loads them in that order: the opened weights, then the checkpoint.
 """
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models import lora
 from ..run.rundir import RunDir
+from .adapters import trains_adapters
 from .initial import WeightSource, initial_source, load_initial_weights, open_initial
 from .integrity import complete_steps
 
@@ -43,7 +44,7 @@ def open_start(cfg, spec, run_dir: str) -> Start:
     line, initial.open_initial)."""
     resume = bool(run_dir) and bool(complete_steps(RunDir(run_dir).checkpoints))
     weights = None
-    if not resume or lora.enabled(cfg):
+    if not resume or trains_adapters(cfg):
         weights = open_initial(cfg, spec, run_dir)
     return Start(resume, weights, replaced=initial_source(cfg, spec) is not None)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, distributed
+from ..checkpoint import adapters
 from ..checkpoint.start import load_start, open_start
 from ..config.settings import Config
 from ..data.batches import DRAW_AHEAD_STEPS, draws_ahead, resolve_num_workers
@@ -39,7 +40,7 @@ from ..data.plain_loader import (
     PREFETCH_FACTOR,
 )
 from ..distributed import DistEnv
-from ..models import lora, spec_of
+from ..models import spec_of
 from ..telemetry.timing import Blocks, paired_ratio, round_quartiles
 from ..training.baselines import Baseline, bare_loop, inline_loop, plain_loop
 from ..training.build import build, input_pipeline
@@ -83,7 +84,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
     baseline, inline = None, None
     try:
         # the inline loop draws the windows of the package's steps from here on
-        inline = inline_loop(run) if run.source.info.kind == "tokens" else None
+        inline = inline_loop(run)  # None: the kind has no inline reader
         baseline = plain_loop(run, workers) if decoded else bare_loop(run, next(inputs))
 
         kept: list[torch.Tensor] = []  # the non-finite check's values since its last read
@@ -156,7 +157,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device) -> dict:
         "blocks": dict(zip(["train", other, "inline"][: len(loops)], clocked, strict=True)),
         "gflop_per_step_and_rank": run.flops_per_step / 1e9,
         **run.memory,  # host memory before the build and, when weights were loaded, after
-        **lora.state_sizes(run.model),  # a LoRA run's state beside full fine-tuning's
+        **adapters.state_sizes(run.model),  # an adapter's state beside full fine-tuning's
     }
     if baseline.wait_s:
         their_wait = baseline.wait_s() - their_wait_before
@@ -297,13 +298,7 @@ def verdict(result: dict) -> str:
         )
     if "mfu" in result:
         sentence += f"; MFU {result['mfu']:.1%} of peak_tflops"
-    if "lora_optimizer_state_gib" in result:
-        sentence += (
-            "; LoRA: AdamW state {lora_optimizer_state_gib:.3g} GiB, checkpoints "
-            "{lora_checkpoint_gib:.3g} GiB (full fine-tuning: {full_optimizer_state_gib:.3g} "
-            "and {full_checkpoint_gib:.3g} GiB)".format(**result)
-        )
-    return sentence + "."
+    return sentence + adapters.describe_sizes(result) + "."
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import checkpoint, distributed
-from ..checkpoint import complete_checkpoints, lora, read_checkpoint, verify
+from ..checkpoint import adapters, complete_checkpoints, read_checkpoint, verify
 from ..checkpoint.start import Start, load_start, open_start
 from ..config.settings import Config, load_config
 from ..config_keys import ConfigError, split_assignment
@@ -153,7 +153,7 @@ def load_weights(cfg: Config, run, env, start: Start) -> dict:
     step, _, _ = load_start(start, run.model, run.spec, cfg, run.source.info, manager)
     if step is None:
         raise ConfigError(f"{cfg.run_dir}: no complete checkpoint to evaluate")
-    lora.record_base(run.state.extra, cfg)  # refused if not the checkpoint's
+    adapters.record_base(run.state.extra, cfg)  # refused if not the checkpoint's
     return {"run_dir": cfg.run_dir, "step": step}
 
 

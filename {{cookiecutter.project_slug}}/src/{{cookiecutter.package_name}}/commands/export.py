@@ -1,17 +1,19 @@
 """`python -m <pkg> export run_dir=DIR --out FILE|DIR [--format file|hf|peft]`: the model of a
 run's newest checkpoint in one file, as a directory transformers loads, or a LoRA run's adapters
-as a directory peft loads (checkpoint/export*.py)."""
+as a directory peft loads (checkpoint/export.py's EXPORT_FORMATS)."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..checkpoint.export import export_formats
 from ..config_keys import ConfigError
 from ..run.atomic import output_path
 from .arguments import run_dir_argument
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    formats = export_formats()
     cmd.add_argument("run", type=run_dir_argument, metavar="run_dir=DIR", help="the run directory")
     cmd.add_argument(
         "--out",
@@ -21,35 +23,23 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     )
     cmd.add_argument(
         "--format",
-        choices=("file", "hf", "peft"),
+        choices=tuple(formats),
         default="file",
-        help="file: one state dict (.pt/.safetensors); hf: a directory transformers loads; "
-        "peft: a LoRA run's adapters, a directory peft loads onto the base",
+        help="; ".join(f"{f.name}: {f.help}" for f in formats.values()),
     )
 
 
-# what a file of weights is called; --format hf and peft write a directory
+# what a file of weights is called; a format that writes a directory refuses it as --out
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.format != "file" and args.out.suffix.lower() in FILE_SUFFIXES:
+    chosen = export_formats()[args.format]
+    if chosen.loaded_by and args.out.suffix.lower() in FILE_SUFFIXES:
         raise ConfigError(
-            f"export --format {args.format} writes a directory (transformers and peft load a "
+            f"export --format {args.format} writes a directory ({chosen.loaded_by} loads a "
             f"directory), but --out {args.out} names a {args.out.suffix} file: give a directory "
             "name, or --format file for one file"
         )
-    if args.format == "hf":
-        from ..checkpoint.export_hf import export_hf
-
-        print(f"wrote {export_hf(args.run, args.out)}")
-        return 0
-    if args.format == "peft":
-        from ..checkpoint.export_peft import export_peft
-
-        print(f"wrote {export_peft(args.run, args.out)}")
-        return 0
-    from ..checkpoint import export_model
-
-    print(f"wrote {export_model(args.run, args.out)}")
+    print(f"wrote {chosen.write(args.run, args.out)}")
     return 0

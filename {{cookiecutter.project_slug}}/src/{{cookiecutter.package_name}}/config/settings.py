@@ -289,15 +289,17 @@ def settle_run_length(values: dict[str, Any], origins: dict[str, str]) -> None:
 
 
 def drop_unread_vocab_size(values: dict[str, Any], origins: dict[str, str]) -> None:
-    """`vocab_size` sizes synthetic tokens and a model whose spec says it reads it (the GPT's
-    embedding). Another model's run on a dataset directory (or a classifier's on synthetic data)
-    reads it nowhere: a value set for it, e.g. configs/tiny.toml's 256 for the GPT, is dropped
-    with a line instead of being recorded in config.toml as if used."""
+    """`vocab_size` sizes a kind's synthetic data that reads it (`DatasetKind.synthetic_keys`:
+    the tokens kind's) and a model whose spec says it reads it (the GPT's embedding). Another
+    model's run on a dataset directory (or a classifier's on synthetic data) reads it nowhere:
+    a value set for it, e.g. configs/tiny.toml's 256 for the GPT, is dropped with a line
+    instead of being recorded in config.toml as if used."""
     spec = MODELS[values.get("model", DEFAULT_MODEL)]
-    synthetic_tokens = values.get("dataset", GENERAL["dataset"].default) == "synthetic" and (
-        spec.reads[0] == "tokens"
+    synthetic = KINDS.get(spec.reads[0])
+    synthetic_reads_it = values.get("dataset", GENERAL["dataset"].default) == "synthetic" and (
+        synthetic is not None and "vocab_size" in synthetic.synthetic_keys
     )
-    if not values.get("vocab_size") or spec.reads_vocab_size or synthetic_tokens:
+    if not values.get("vocab_size") or spec.reads_vocab_size or synthetic_reads_it:
         return
     log.warning(
         "vocab_size=%s (from %s) is not read by model=%s with dataset=%s (it sizes synthetic "

@@ -49,15 +49,17 @@ from torch.utils.data import Dataset
 from ..config_keys import ConfigError, first_line, key, optional_import
 from .augmentation import AugmentationKeys, batch_mix, described, train_transform
 from .directory import (
+    INDEX_FILE,
     DatasetError,
     ShardFile,
     check_fingerprint,
     index_fields,
     open_checked,
     read_index,
+    read_json,
 )
 from .info import DataInfo, DatasetKind, Splits
-from .preprocessing import Preprocessing, eval_transform, resolve
+from .preprocessing import Preprocessing, eval_transform, export_fields, recorded, resolve
 
 FORMAT = "images/1"
 SPLITS = ("train", "val")
@@ -321,6 +323,40 @@ def synthetic(cfg, spec) -> Splits:
     return image_splits(train, val, fingerprint, names, pre, cfg)
 
 
+class PackedImagesPlainly(Dataset):
+    """The training images of a make-dataset --images directory: item i opens its shard, reads
+    record i (offset, length) and decodes it with PIL; (transformed image, int64 label)."""
+
+    def __init__(self, directory: Path, pre: Preprocessing, cfg):
+        index = read_json(directory / INDEX_FILE)
+        self.records = np.load(directory / index["train"]["index"])
+        self.shards = [directory / entry["name"] for entry in index["train"]["shards"]]
+        self.transform = train_transform(pre, cfg)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        offset, length, label, shard = (int(v) for v in self.records[index])
+        with open(self.shards[shard], "rb") as file:
+            file.seek(offset)
+            data = file.read(length)
+        image = open_image(io.BytesIO(data)).convert("RGB")  # raster decoders only
+        return self.transform(image), torch.tensor(label, dtype=torch.int64)
+
+
+def plain_training_set(directory: Path, details: dict, cfg) -> tuple[Dataset, str]:
+    """benchmark's plain loop reads the training images as torchvision's reference does."""
+    dataset = PackedImagesPlainly(directory, recorded(details), cfg)
+    return dataset, "each image's shard opened and read at its offset, decoded with PIL"
+
+
 KIND = DatasetKind(
-    name="images", format=FORMAT, open=open_images, synthetic=synthetic, keys=ImageKeys
+    name="images",
+    format=FORMAT,
+    open=open_images,
+    synthetic=synthetic,
+    keys=ImageKeys,
+    export_fields=export_fields,
+    plain_training_set=plain_training_set,
 )

@@ -105,6 +105,19 @@ class DatasetKind:
     keys: the kind's own config keys, a dataclass whose fields are `key(...)`s, as a model's
         (config_keys.py); the registry joins them to a run's config, where the kind reads them
         by name (`cfg.image_size`). None: it reads general keys only.
+    synthetic_keys: the general config keys its synthetic data reads (the tokens kind:
+        vocab_size); a value set for one that nothing in the run reads is dropped with a line.
+    ids_made_by(details): what made the ids of a dataset of this kind ("bytes", a tokenizer's
+        sha256), from a DataInfo's details; None where nothing says. init_from refuses a run
+        trained on ids that another made (their same id is another word). None: no ids.
+    export_fields(details): what an exported file's metadata needs to use the model on data of
+        this kind without this package (an image model's evaluation transform), as strings
+        from a DataInfo's details. None: nothing.
+    plain_training_set(directory, details, cfg): benchmark's plain loop (data/plain_loader.py):
+        (the training split read as a plain reference loop reads it, those words); None: the
+        kind's own training split.
+    inline_windows(cfg): benchmark's inline loop: read(seed, step, micro, rank, batch_size,
+        block) -> (x, y), the run's windows read inline (nanoGPT's get_batch); None: no such loop.
     """
 
     name: str
@@ -112,3 +125,8 @@ class DatasetKind:
     open: Callable[[Path, Any, Any], Splits]
     synthetic: Callable[[Any, Any], Splits] | None = None
     keys: type | None = None
+    synthetic_keys: tuple[str, ...] = ()
+    ids_made_by: Callable[[dict], str | None] | None = None
+    export_fields: Callable[[dict], dict[str, str]] | None = None
+    plain_training_set: Callable[[Path, dict, Any], tuple[Any, str]] | None = None
+    inline_windows: Callable[[Any], Callable[..., tuple[Any, Any]]] | None = None

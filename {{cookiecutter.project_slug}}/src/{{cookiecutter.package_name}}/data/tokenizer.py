@@ -303,12 +303,3 @@ def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: in
     file = unchanged(directory / recorded["name"], recorded["sha256"])
     tokenizer, _ = load_tokenizer(file)
     return TextCodec(tokenizer, int(index.get("document_end") or 0))
-
-
-def tokenizer_identity(details: dict) -> str | None:
-    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
-    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
-    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
-    if kind == "bytes":
-        return kind
-    return f"{kind} sha256:{digest}" if digest else None

@@ -26,6 +26,7 @@ drawn: at most block_size per 2**28 tokens).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -267,9 +268,52 @@ def token_splits(dataset: TokenDataset, cfg, spec) -> Splits:
     )
 
 
+def read_windows(
+    dataset: TokenDataset, seed: int, step: int, micro: int, rank: int, batch_size: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's get_batch over the package's windows of (seed, step, micro, rank): the shards
+    memory-mapped again at every batch (as nanoGPT does, against a memory leak), each window of
+    block + 1 tokens sliced from its shard, converted to int64 and stacked."""
+    shards = [
+        np.memmap(s.path, dtype=s.dtype, mode="r") if isinstance(s, ShardFile) else s
+        for s in dataset.train
+    ]
+    ends = np.cumsum([len(s) for s in shards])
+    rows = []
+    for start in dataset.window_starts(seed, step, micro, rank, batch_size, block).tolist():
+        shard = int(np.searchsorted(ends, start, side="right"))
+        local = start - int(ends[shard]) + len(shards[shard])
+        rows.append(shards[shard][local : local + block + 1])
+    x = torch.stack([torch.from_numpy(row[:-1].astype(np.int64)) for row in rows])
+    y = torch.stack([torch.from_numpy(row[1:].astype(np.int64)) for row in rows])
+    return x, y
+
+
+def inline_windows(cfg):
+    """benchmark's inline loop reads the run's windows as nanoGPT's get_batch does: the run's
+    token dataset opened again, read_windows over it."""
+    if cfg.dataset == "synthetic":
+        dataset = synthetic_tokens(cfg)
+    else:
+        dataset = TokenDataset.open(Path(cfg.dataset))
+    return functools.partial(read_windows, dataset)
+
+
+def tokenizer_identity(details: dict) -> str | None:
+    """Which tokenizer made a token dataset's ids, from its DataInfo details: "bytes",
+    "huggingface sha256:...", or None where nothing says (ids made elsewhere, synthetic)."""
+    kind, digest = details.get("tokenizer"), details.get("tokenizer_sha256")
+    if kind == "bytes":
+        return kind
+    return f"{kind} sha256:{digest}" if digest else None
+
+
 KIND = DatasetKind(
     name="tokens",
     format=FORMAT,
     open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
     synthetic=lambda cfg, spec: token_splits(synthetic_tokens(cfg), cfg, spec),
+    synthetic_keys=("vocab_size",),
+    ids_made_by=tokenizer_identity,
+    inline_windows=inline_windows,
 )

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, integer_option, optional_import
+from ..config_keys import first_line, optional_import
 from ..data.directory import DatasetError, token_dtype
 from ..data.tokenizer import companion_files, document_separator, load_tokenizer, vocabulary_size
-from .sources import DatasetSource
+from .sources import DatasetSource, default_workers, format_seconds
 from .tokens import write_shards
 
 # data files a folder or a file SOURCE may hold, by suffix (compressed .gz/.zst/.bz2/.xz too)
@@ -35,14 +35,6 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": 
 # batch it is in, so neither do the shards.
 BATCH_DOCUMENTS_PER_WORKER = 64
 BATCH_CHARACTERS_PER_WORKER = 2**18
-
-
-def default_workers() -> int:
-    """The cores this task may use: SLURM_CPUS_PER_TASK under Slurm, else the CPU affinity."""
-    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if cpus.isdigit() and int(cpus) > 0:
-        return int(cpus)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def data_suffix(path: Path) -> str:
@@ -250,11 +242,6 @@ class Progress:
         )
 
 
-def format_seconds(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
-
-
 def use_workers(workers: int | None) -> int:
     """Size the tokenizer's thread pool (Rust rayon, sized once, at its first use)."""
     workers = default_workers() if workers is None else workers
@@ -332,11 +319,6 @@ def add_arguments(make, source) -> None:
         "--tokenizer",
         type=Path,
         help="with --hf: a tokenizer.json or a directory holding one; with --chat: the directory",
-    )
-    make.add_argument(
-        "--workers",
-        type=integer_option,
-        help="with --hf: tokenizer threads (default: SLURM_CPUS_PER_TASK, else the CPUs given)",
     )
     make.add_argument(
         "--separator", help="with --hf: the token that ends a document (default: the tokenizer's)"

@@ -25,7 +25,7 @@ from ..config_keys import first_line
 from ..data.directory import DatasetError
 from ..data.images import HIGH_BIT_MODES, high_bit_values, open_image, pil_image
 from ..run.interrupts import die_with_parent
-from .hf_datasets import format_seconds
+from .sources import format_seconds
 
 POOL_MIN_IMAGES = 512  # fewer are checked in this process: starting a pool would cost more
 PROGRESS_EVERY_S = 30.0  # a plain line in a job log; a terminal's line is redrawn every 0.5 s

@@ -41,9 +41,8 @@ from ..data.images import (
     SPLITS,
     fingerprint_parts,
 )
-from .hf_datasets import default_workers
 from .image_check import Progress, check_images
-from .sources import DatasetSource
+from .sources import DatasetSource, default_workers
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SHARD_MB = 128
@@ -241,9 +240,8 @@ def add_arguments(make, source) -> None:
 
 
 def write(args) -> dict:
-    workers = getattr(args, "workers", None)  # --workers: hf_datasets.py adds it
     return write_image_dataset(
-        args.images, args.out, args.val, args.val_fraction, args.shard_mb, workers
+        args.images, args.out, args.val, args.val_fraction, args.shard_mb, args.workers
     )
 
 

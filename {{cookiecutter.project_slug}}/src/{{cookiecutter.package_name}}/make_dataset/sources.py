@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..config_keys import integer_option
 
 SOURCE_MODULES = (
     "text_files",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
@@ -66,8 +69,29 @@ def sources() -> dict[str, DatasetSource]:
     return found
 
 
+def default_workers() -> int:
+    """The cores this task may use: SLURM_CPUS_PER_TASK under Slurm, else the CPU affinity."""
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and int(cpus) > 0:
+        return int(cpus)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def format_seconds(seconds: float) -> str:
+    """A writer's progress: h:mm:ss."""
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
 def add_arguments(make: argparse.ArgumentParser) -> Any:
-    """Every source's options; returns their mutually exclusive group."""
+    """Every source's options, and --workers, which the writers share; returns the sources'
+    mutually exclusive group."""
+    make.add_argument(
+        "--workers",
+        type=integer_option,
+        help="with --hf: tokenizer threads; with --images: decoding processes "
+        "(default: SLURM_CPUS_PER_TASK, else the CPUs given)",
+    )
     group = make.add_mutually_exclusive_group()
     for source in sources().values():
         source.add_arguments(make, group)

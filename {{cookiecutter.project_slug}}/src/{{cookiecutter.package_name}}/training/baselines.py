@@ -18,13 +18,8 @@ from .. import parallel
 from ..config.settings import Config
 from ..data.batches import map_tensors
 from ..data.info import token_batch
-from ..data.plain_loader import (
-    plain_batches,
-    plain_collate,
-    plain_training_set,
-    read_windows,
-    token_dataset,
-)
+from ..data.kinds import KINDS
+from ..data.plain_loader import plain_batches, plain_collate, plain_training_set
 from ..optim import make_optimizer
 
 
@@ -86,11 +81,15 @@ def bare_loop(run, batch) -> Baseline:
     return Baseline("bare", "bare: one batch already on the device, no data read", step)
 
 
-def inline_loop(run) -> Baseline:
-    """The bare loop reading each micro-batch inline from the run's token shards (read_windows),
-    the same steps' windows as the package, copied to the device as nanoGPT does."""
+def inline_loop(run) -> Baseline | None:
+    """The bare loop reading each micro-batch inline from the run's token shards (the kind's
+    `inline_windows`: data/tokens.py's read_windows), the same steps' windows as the package,
+    copied to the device as nanoGPT does. None: the run's kind has no such reader."""
     cfg, device = run.cfg, run.device
-    dataset, block = token_dataset(cfg), run.spec.context_length(cfg)
+    kind = KINDS.get(run.source.info.kind)
+    if kind is None or kind.inline_windows is None:
+        return None
+    read, block = kind.inline_windows(cfg), run.spec.context_length(cfg)
     model, optimizer = loop_model(run)
     steps = count(run.state.step)
 
@@ -102,9 +101,7 @@ def inline_loop(run) -> Baseline:
     def step():
         number = next(steps)
         for micro in range(cfg.grad_accum_steps):
-            x, y = read_windows(
-                dataset, cfg.seed, number, micro, run.env.rank, cfg.batch_size, block
-            )
+            x, y = read(cfg.seed, number, micro, run.env.rank, cfg.batch_size, block)
             batch = token_batch(to_device(x), to_device(y))
             with run.autocast():
                 loss = mean_loss(run.spec.task, model, batch, cfg.grad_accum_steps)

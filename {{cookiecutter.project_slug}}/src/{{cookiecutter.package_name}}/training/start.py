@@ -12,7 +12,7 @@ import os
 import torch
 
 from .. import checkpoint, distributed
-from ..checkpoint import lora
+from ..checkpoint import adapters
 from ..checkpoint.start import Start, load_start
 from ..config.resume import check_resume, check_run_dir_config
 from ..config.settings import Config, ConfigError, config_record, save_config
@@ -114,7 +114,7 @@ def open_checkpoints(
     # the dataset recorded as an absolute path: evaluate and generate find it from any directory
     where = cfg.dataset if cfg.dataset == "synthetic" else os.path.abspath(cfg.dataset)
     recorded = dataclasses.replace(cfg, dataset=where)
-    lora.record_base(run.state.extra, cfg)  # a LoRA run's base, named in every checkpoint
+    adapters.record_base(run.state.extra, cfg)  # an adapter's base, in every checkpoint
     run.state.extra.update(
         # data_info: what `generate` and `export` need to rebuild the model without the data
         config=config_record(recorded) | {"data_info": dataclasses.asdict(run.source.info)},
