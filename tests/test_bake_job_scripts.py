@@ -108,6 +108,7 @@ def fake_job(bake, tmp_path):
             "SLURM_JOB_NAME": repo.name,
             "SLURM_JOB_ID": "42",
             "SLURM_JOB_NODELIST": "node1",
+            "SLURM_NNODES": "1",
             "SLURM_CPUS_PER_TASK": "288",
             "DATASET": "synthetic",
             "DOCTOR": "0",
@@ -285,7 +286,7 @@ def test_your_command_runs_after_the_doctor_with_its_arguments_unchanged(fake_jo
     assert step[step.index("-c") + 3 :] == PROGRAM  # srun ... bash -c CMD bash ARGS
     assert "--restart" not in step  # the first start
     env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "15042"}
-    argv = run_task(step, repo, tmp_path, SLURM_GPUS_ON_NODE="2", **env)
+    argv = run_task(step, repo, tmp_path, WORKERS_PER_NODE="2", **env)
     wrapper = ["python", "-m", "alps_torch_project.run.program", "--torchrun", "--nnodes=2"]
     assert argv[:5] == wrapper
     assert argv[5:] == [
@@ -412,3 +413,26 @@ def test_the_job_exits_with_the_first_failing_tasks_status(fake_job, tmp_path):
     proc, _ = fake_job("--", "train.py", FAKE_STEP=step, FAKE_SRUN_STATUS="137")
     assert proc.returncode == 5, proc.stderr
     assert "error: your command failed on task 1 (exit status 5;" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "workers", "cpus"),
+    [
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_TASKS_PER_NODE": "1(x2)"}, "4", "288"),
+        ({"SLURM_GPUS_ON_NODE": None, "SLURM_TASKS_PER_NODE": "2"}, "2", "576"),
+        ({"SLURM_GPUS_ON_NODE": "0", "SLURM_TASKS_PER_NODE": "3(x2),1"}, "3", "864"),
+    ],
+    ids=["gpus", "no-gpus", "no-gpus-uneven"],
+)
+def test_torchrun_starts_a_worker_per_gpu_else_per_task_asked_for(
+    fake_job, tmp_path, env, workers, cpus
+):
+    """Without GPUs torchrun does not start 4 workers whatever was asked: one per task asked
+    for, one torchrun per node with those tasks' CPUs; the job's first lines say how many."""
+    seen = tmp_path / "step-env"
+    step_env = f'echo "$SRUN_CPUS_PER_TASK $WORKERS_PER_NODE" > {seen}'
+    proc, calls = fake_job("--", "train.py", SLURM_NNODES="2", FAKE_STEP=step_env, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"torchrun: {workers} worker(s) per node, one per " in proc.stdout
+    assert "--ntasks=2" in calls[-1] and "--ntasks-per-node=1" in calls[-1], calls[-1]
+    assert seen.read_text().split() == [cpus, workers]

@@ -161,11 +161,26 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # SignalException torchrun raises after forwarding into one line; the REQUEUE marker below is what
 # says the checkpoint was written.
 export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"
+# torchrun's workers per node: one per GPU; on a node without GPUs, one per task asked for
+# (sbatch --ntasks-per-node=N, or --ntasks: the first node's count). srun then starts one
+# torchrun per node, with the CPUs of all those tasks.
+tasks_per_node="${SLURM_TASKS_PER_NODE:-1}"
+tasks_per_node="${tasks_per_node%%[(,]*}"
+if [[ "${SLURM_GPUS_ON_NODE:-0}" =~ ^[1-9][0-9]*$ ]]; then
+    WORKERS_PER_NODE="${SLURM_GPUS_ON_NODE}"
+    echo "torchrun: ${WORKERS_PER_NODE} worker(s) per node, one per GPU"
+else
+    WORKERS_PER_NODE="${tasks_per_node}"
+    echo "torchrun: ${WORKERS_PER_NODE} worker(s) per node, one per task asked for (no GPUs)"
+fi
+export WORKERS_PER_NODE
+srun_args+=(--ntasks="${SLURM_NNODES}" --ntasks-per-node=1)
+SRUN_CPUS_PER_TASK="$((SLURM_CPUS_PER_TASK * tasks_per_node))"
 # All ranks: one torchrun per node starts one worker per GPU; the rendezvous is static, as in
 # the CSCS guides: node 0's address and the job's port. exec hands the signals from Slurm to
 # torchrun directly.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
-rendezvous='--nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
+rendezvous='--nnodes="${SLURM_NNODES}" --nproc-per-node="${WORKERS_PER_NODE}" \
     --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}"'
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
 all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.torchrun '"${rendezvous}"' \
