@@ -350,6 +350,8 @@ def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, 
         (["--", "mtt"], {"RESUME_ARGS": "--epochs \u0663"}, "error: RESUME_ARGS="),
         (["--", "mtt"], {"RESUME_ARGS": "x" * 1001}, "error: RESUME_ARGS="),
         (["--", "mtt"], {"MAX_REQUEUES": "-1"}, "error: MAX_REQUEUES='-1': a number"),
+        (["--", "mtt"], {"IN_RUN_DIR": "yes"}, "error: IN_RUN_DIR='yes': use IN_RUN_DIR=1"),
+        (["max_steps=7"], {"IN_RUN_DIR": "1"}, "error: IN_RUN_DIR is for your own command"),
     ],
     ids=[
         "nothing-after",
@@ -363,6 +365,8 @@ def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, 
         "unicode-digit",
         "too-long",
         "max-requeues",
+        "in-run-dir",
+        "in-run-dir-package",
     ],
 )
 def test_bad_command_lines_end_the_job_in_one_line(fake_job, args, env, message):

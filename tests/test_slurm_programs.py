@@ -4,8 +4,9 @@ COMMAND ...`), with the page's own files (tests/slurm/jobs.py: page_files, submi
 
 The jobs run at the same time (one module fixture submits them all, sends each its USR2 when its
 log says it is training, and waits for every one), and each test reads what one of them shows:
-- hello_ddp.py, the page's DDP check (env:// init, an all-reduce, one file per rank), with the
-  srun launcher (container flavour, the doctor first) and torchrun (uenv flavour), 1 node x 2;
+- hello_ddp.py, the page's DDP check (env:// init, an all-reduce, one file per rank), in its run
+  directory (IN_RUN_DIR=1, as the page writes it), with the srun launcher (container flavour, the
+  doctor first) and torchrun (uenv flavour, a CPU allocation of 2 tasks: 2 workers), 1 node x 2;
 - train_images.py, the page's DDP trainer that handles the signal (saves, exit 3): stopped,
   requeued and resumed, with srun (uenv flavour, USR2 to the job step) and with torchrun
   (container flavour, USR2 to the batch shell: `scancel --batch`, as `--signal=B:USR2@T` sends it);
@@ -201,8 +202,8 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
         "hello-srun": submit(
             "hello-srun", container, hello, SRUN_TWO, DOCTOR="1", DOCTOR_ARGS="--device cpu"
         ),
-        "hello-torchrun": submit(
-            "hello-torchrun", torchrun_uenv, hello, TORCHRUN_TWO, OMP_NUM_THREADS=None
+        "hello-torchrun": submit(  # no GPUs: torchrun starts one worker per task asked for
+            "hello-torchrun", torchrun_uenv, hello, SRUN_TWO, OMP_NUM_THREADS=None
         ),
         "images-srun": submit("images-srun", uenv, images, SRUN_TWO, signal_when=saved),
         "images-torchrun": submit(
@@ -313,8 +314,12 @@ def test_hello_ddp_with_srun_after_the_doctor(ran):
     jobs.check_environment_requests(job.sub, steps_per_start=3)
 
 
-def test_hello_ddp_with_torchrun(ran):
-    check_hello(ran["hello-torchrun"], threads="8")  # unset: 16 CPUs for 2 workers
+def test_hello_ddp_with_torchrun_on_cpus(ran):
+    """2 tasks of 8 CPUs, no GPU: one torchrun on the node starts 2 workers (not 4), 8 threads
+    each (OMP_NUM_THREADS unset: the 2 tasks' 16 CPUs for 2 workers)."""
+    check_hello(ran["hello-torchrun"], threads="8")
+    text = ran["hello-torchrun"].sub.text()
+    assert "torchrun: 2 worker(s) per node, one per task asked for (no GPUs)" in text
 
 
 @pytest.mark.parametrize("name", ["images-srun", "images-torchrun"])
@@ -357,7 +362,9 @@ def test_metatrain_killed_by_the_signal_restarts_with_resume_args(ran):
     assert record.state == "COMPLETED" and record.restarts == 1, text[-5000:]
     first, second = text.split("== job", 2)[1:]
     assert "SIGUSR2 reached the batch shell: passed on to the step" in first, first[-3000:]
-    assert "bash ended by SIGUSR2; signals received: SIGUSR2" in first, first[-3000:]
+    assert "mtt ended by SIGUSR2; signals received: SIGUSR2" in first, first[-3000:]
+    assert f"it runs in {job.sub.run_dir} (IN_RUN_DIR=1)" in first  # the page's line
+    assert not (job.sub.repo.path / "outputs").exists(), "metatrain wrote into the git tree"
     assert "--restart" not in first.split("your command:", 1)[1].splitlines()[0]
     assert "RESUME_ARGS appended: --restart auto" in second
     restart = re.search(r"Restarting training from '(\S+/model_(\d+)\.ckpt)'", second)

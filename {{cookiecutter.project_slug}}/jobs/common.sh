@@ -52,6 +52,19 @@ if [[ -n "${RESUME_ARGS:-}" ]]; then
         exit 2
     fi
 fi
+# IN_RUN_DIR=1: your command runs in RUN_DIR, not in the repository root, so that what it
+# writes to relative paths stays with the run (run/program.py gives the words that name files of
+# the repository as absolute paths, so that the command still finds them).
+IN_RUN_DIR="${IN_RUN_DIR:-0}"
+if [[ "${IN_RUN_DIR}" != 0 && "${IN_RUN_DIR}" != 1 ]]; then
+    echo "error: IN_RUN_DIR=${IN_RUN_DIR@Q}: use IN_RUN_DIR=1 (your command runs in RUN_DIR) or 0" >&2
+    exit 2
+fi
+if [[ "${IN_RUN_DIR}" == 1 && ${own} == 0 ]]; then
+    echo "error: IN_RUN_DIR is for your own command (after --); the package writes to RUN_DIR itself" >&2
+    exit 2
+fi
+export IN_RUN_DIR
 # MAX_REQUEUES: how often the job may requeue itself. A stop signal or exit status 3 requeues;
 # past the limit the job ends failed, so that a program that exits 3 at once cannot loop. 50: a
 # run chained at a 24-hour time limit goes on for seven weeks; SLURM_RESTART_COUNT counts.
@@ -277,6 +290,7 @@ if [[ ${own} == 1 ]]; then
     # run, RESUME_ARGS follow its arguments. RUN_DIR is yours to write to, DATA_DIR holds the data.
     printf -v shown ' %q' "${program[@]}" "${task_args[@]}" "${resume_args[@]}"
     echo "your command:${shown}"
+    [[ "${IN_RUN_DIR}" == 0 ]] || echo "it runs in ${RUN_DIR} (IN_RUN_DIR=1)"
     srun "${srun_args[@]}" bash -c "${profiler}${program_ranks}" bash \
         "${program[@]}" "${task_args[@]}" "${resume_args[@]}" &
 else

@@ -32,7 +32,7 @@ PROGRAM = textwrap.dedent(
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
             "SLURM_PROCID")
     seen = {key: os.environ.get(key) for key in keys}
-    seen["argv"] = sys.argv[1:]
+    seen["argv"], seen["cwd"] = sys.argv[1:], os.getcwd()
     seen["pid"], seen["own_group"] = os.getpid(), os.getpgrp() == os.getpid()
     seen["lock"] = os.path.exists(os.path.join(os.environ.get("RUN_DIR", "/nonexistent"), "LOCK"))
     got = []
@@ -322,3 +322,23 @@ def test_check_refuses_a_missing_command_and_a_held_run_dir_without_starting(use
     (run_dir / LOCK).write_text(json.dumps(holder))
     code, err = finish(start("--check", "--", "own.py", **rank0))
     assert code == 1 and "in use by job 12" in err and err.count("\n") == 1, err
+
+
+def test_in_run_dir_the_command_runs_there_and_finds_its_own_files(user, tmp_path):
+    """IN_RUN_DIR=1: the command runs in RUN_DIR (a relative output lands there, per run), and
+    each word naming a file of the repository root is given as its absolute path; other words
+    (options, `--opt=FILE`, names that are no file there) stay as they were."""
+    start, out = user
+    (tmp_path / "options.yaml").write_text("")
+    (tmp_path / "sub").mkdir()
+    run_dir = tmp_path / "runs" / "exp"
+    rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir), "IN_RUN_DIR": "1"}
+    args = ["options.yaml", "--config=options.yaml", "sub", "missing.yaml", "-"]
+    code, err = finish(start("--", "own.py", *args, **rank0))
+    assert code == 0, err
+    seen = json.loads((out / "seen-0.json").read_text())
+    assert seen["argv"] == [str(tmp_path / "options.yaml"), *args[1:]]
+    assert seen["cwd"] == str(run_dir)
+    code, err = finish(start("--", "own.py", "options.yaml", **{**rank0, "IN_RUN_DIR": None}))
+    seen = json.loads((out / "seen-0.json").read_text())
+    assert code == 0 and (seen["argv"], seen["cwd"]) == (["options.yaml"], str(tmp_path))

@@ -22,6 +22,9 @@ It gives any command what the package does for itself:
 `--check` only checks that the command is there and the run directory is free, and exits: the
 job script runs it on one task before the doctor, so that a typo costs no preflight.
 A COMMAND ending in .py runs with the venv's python; under torchrun any other runs --no-python.
+It runs in the repository root, or with IN_RUN_DIR=1 in RUN_DIR: then each word of the command
+that names an existing file relative to the repository root (`train.py`, `options.yaml`) is
+given as its absolute path, so that the command still finds its own files (`in_run_dir`).
 No torch here: this process only waits, so it stays small and starts at once.
 """
 
@@ -132,6 +135,17 @@ def child_environment(env: Mapping[str, str], torchrun: list[str] | None) -> dic
     return child
 
 
+def in_run_dir(command: list[str], root: Path) -> list[str]:
+    """IN_RUN_DIR=1: words naming an existing file relative to `root` made absolute (a word that
+    starts with - is an option, never a path: write `--config options.yaml`, not `--config=`)."""
+    return [
+        str(root / word)
+        if word and not word.startswith("-") and not os.path.isabs(word) and (root / word).is_file()
+        else word
+        for word in command
+    ]
+
+
 def program_argv(command: list[str], torchrun: list[str] | None) -> list[str]:
     """What runs: COMMAND, a .py file with this python, torchrun in front of either; or Refused."""
     name = command[0]
@@ -210,14 +224,18 @@ def take_lock(run_dir: RunDir, main: bool) -> RunDirLock | None:
 
 
 def run_program(
-    argv: list[str], env: dict[str, str], lock: RunDirLock | None, forwarder: Forwarder
+    argv: list[str],
+    env: dict[str, str],
+    lock: RunDirLock | None,
+    forwarder: Forwarder,
+    cwd: str | None = None,
 ) -> int:
     """Start the program, pass signals on, beat the lock's heart; its exit status."""
     if forwarder.received:  # a signal came before it started: it is as if it had ended by it
         return -forwarder.received[0]
     try:
         in_child = functools.partial(_own_group_dying_with, os.getpid())
-        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=in_child)
+        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=in_child, cwd=cwd)
     except OSError as err:  # not executable, a bad interpreter line
         raise Refused(f"cannot run {argv[0]}: {err.strerror}", NOT_FOUND_EXIT_CODE) from None
     if forwarder.received:  # one that came while it started
@@ -262,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     lock = None
     try:
         torchrun, command = split_argv(list(sys.argv[1:] if argv is None else argv))
+        cwd = None
+        if env.get("IN_RUN_DIR") == "1" and run_dir is not None:
+            command, cwd = in_run_dir(command, Path.cwd()), str(run_dir)
         if torchrun == ["--check"]:
             program_argv(command, None)
             if run_dir is not None:  # a clash with a running job ends here, before the doctor
@@ -272,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             lock = take_lock(run_dir, main_task) if run_dir is not None else None
             if lock is not None:
                 note_start(run_dir)
-            status = run_program(argv_, child_env, lock, forwarder)
+            if cwd is not None:
+                run_dir.create()  # the other tasks start in it before task 0 may have made it
+            status = run_program(argv_, child_env, lock, forwarder, cwd)
         received = forwarder.received
         if not stopped_by_warning(status, received):
             if status != 0 and not received and run_dir is not None:
