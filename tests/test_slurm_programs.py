@@ -83,14 +83,15 @@ def write_images(folder: Path) -> None:
 
 
 def metatrain_pids() -> list[int]:
-    """The processes running `mtt train` (the job's command, exec'd by its bash)."""
+    """The processes running `mtt train` (the job's command: `python .../bin/mtt train ...`; not
+    run/program.py, `python -m ... -- mtt train ...`, which starts it)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # not a process, or gone
             continue
-        if any(a.endswith(b"mtt") for a in argv) and b"train" in argv:
+        if any(a.endswith(b"mtt") for a in argv[:2]) and b"train" in argv:
             found.append(int(entry.name))
     return [pid for pid in found if parent(pid) not in found]  # not its loader workers
 

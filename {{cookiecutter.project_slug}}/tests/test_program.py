@@ -339,6 +339,8 @@ def test_in_run_dir_the_command_runs_there_and_finds_its_own_files(user, tmp_pat
     seen = json.loads((out / "seen-0.json").read_text())
     assert seen["argv"] == [str(tmp_path / "options.yaml"), *args[1:]]
     assert seen["cwd"] == str(run_dir)
+    assert finish(start("--", "own.py", **rank0, EXIT="3"))[0] == 0
+    assert (run_dir / REQUEUE).read_text().startswith("own.py exited 3")  # as typed
     code, err = finish(start("--", "own.py", "options.yaml", **{**rank0, "IN_RUN_DIR": None}))
     seen = json.loads((out / "seen-0.json").read_text())
     assert code == 0 and (seen["argv"], seen["cwd"]) == (["options.yaml"], str(tmp_path))

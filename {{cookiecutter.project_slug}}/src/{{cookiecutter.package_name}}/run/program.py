@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = None
     try:
         torchrun, command = split_argv(list(sys.argv[1:] if argv is None else argv))
-        cwd = None
+        cwd, name = None, command[0]  # the name as typed, for the lines below
         if env.get("IN_RUN_DIR") == "1" and run_dir is not None:
             command, cwd = in_run_dir(command, Path.cwd()), str(run_dir)
         if torchrun == ["--check"]:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 note_failure(run_dir, 128 - status if status < 0 else status)
             return 128 - status if status < 0 else status  # as a shell says it: 128 + signal
         if main_task:
-            report_stop(command[0], status, received, run_dir)
+            report_stop(name, status, received, run_dir)
         # The REQUEUE marker tells the job script; a task's status 3 would make srun's
         # --kill-on-bad-exit end the other tasks, which may still be saving.
         return 0 if run_dir is not None else REQUEUE_EXIT_CODE
