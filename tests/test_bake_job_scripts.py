@@ -440,3 +440,17 @@ def test_torchrun_starts_a_worker_per_gpu_else_per_task_asked_for(
     assert f"torchrun: {workers} worker(s) per node, one per " in proc.stdout
     assert "--ntasks=2" in calls[-1] and "--ntasks-per-node=1" in calls[-1], calls[-1]
     assert seen.read_text().split() == [cpus, workers]
+
+
+def test_sigterm_to_the_batch_shell_is_passed_on_but_does_not_requeue(fake_job, tmp_path):
+    """scancel (or a preemption, which Slurm requeues itself) sends SIGTERM: the step gets it
+    and saves, but the job script does not bring a cancelled job back."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    step = (
+        f'trap "echo saved > {marker}; exit 3" TERM; kill -TERM "$PPID"; '
+        "for _ in $(seq 100); do sleep 0.1; done; exit 9"
+    )
+    proc, calls = fake_job(FAKE_STEP=step)
+    assert proc.returncode == 0 and len(calls) == 1, (proc.stderr, calls)
+    assert "SIGTERM reached the batch shell: passed on to the step" in proc.stdout
+    assert "not requeued by this script" in proc.stdout

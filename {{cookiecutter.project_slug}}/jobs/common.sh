@@ -275,10 +275,12 @@ trap 'rm -f "${started}"' EXIT
 # scancel --batch --signal=USR2, preemption's SIGTERM): passed on to srun, which passes it on to
 # every task, so that both forms stop, save and requeue alike.
 signals_passed=0  # how many stop signals reached this shell
+terminated=0      # 1: SIGTERM came (scancel, or preemption: Slurm requeues a preempted job itself)
 step_pid=""
 # shellcheck disable=SC2329  # invoked by the traps below
 pass_on() {
     signals_passed=$((signals_passed + 1))
+    [[ "$1" != TERM ]] || terminated=1
     echo "SIG$1 reached the batch shell: passed on to the step"
     [[ -z "${step_pid}" ]] || kill -s "$1" "${step_pid}" 2>/dev/null || true
 }
@@ -319,6 +321,12 @@ if [[ ${own} == 0 && ( ${status} -eq 3 || "${RUN_DIR}/REQUEUE" -nt "${started}" 
     requeue=1
 elif [[ ${own} == 1 && ${status} -eq 0 && "${RUN_DIR}/REQUEUE" -nt "${started}" ]]; then
     requeue=1
+fi
+if [[ ${requeue} == 1 && ${terminated} == 1 ]]; then
+    # scancel must not bring the job back; with PreemptMode=REQUEUE Slurm requeues it itself
+    echo "stopped by SIGTERM (scancel, or a preemption that Slurm requeues by itself): not" \
+        "requeued by this script; the next start of this run resumes"
+    exit 0
 fi
 if [[ ${requeue} == 1 ]]; then
     what="checkpoint saved after a stop request"
