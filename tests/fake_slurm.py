@@ -9,11 +9,13 @@ from pathlib import Path
 RECORD = 'printf "%s\\0" "${0##*/}" "$@" > "${FAKE_CALLS}/$(ls "${FAKE_CALLS}" | wc -l)"\n'
 
 
-# FAKE_MARKER: a file the step writes, as rank 0 writes <run_dir>/REQUEUE before it exits
+# FAKE_MARKER: a file the step writes, as rank 0 writes <run_dir>/REQUEUE before it exits;
+# FAKE_STEP: bash code the step runs in srun's own shell (its $PPID: the job script's shell)
 FAKE_SRUN = (
     "#!/bin/bash\n"
     + RECORD
     + 'if [[ -n "${FAKE_MARKER:-}" ]]; then sleep 1; echo stop > "${FAKE_MARKER}"; fi\n'
+    + 'if [[ -n "${FAKE_STEP:-}" ]]; then eval "${FAKE_STEP}"; fi\n'
     + 'exit "${FAKE_SRUN_STATUS:-0}"\n'
 )
 

@@ -108,6 +108,7 @@ def fake_job(bake, tmp_path):
             "SLURM_JOB_NAME": repo.name,
             "SLURM_JOB_ID": "42",
             "SLURM_JOB_NODELIST": "node1",
+            "SLURM_NNODES": "1",
             "SLURM_CPUS_PER_TASK": "288",
             "DATASET": "synthetic",
             "DOCTOR": "0",
@@ -279,20 +280,23 @@ PROGRAM = ["mtt", "train", "my options.yaml", "$HOME", "a'b"]  # passed through 
 
 
 def test_your_command_runs_after_the_doctor_with_its_arguments_unchanged(fake_job, tmp_path):
-    """`-- COMMAND ARGS`: the doctor first, then every task runs the command through
-    run/program.py (under torchrun: on each node, torchrun with the same rendezvous and
-    --no-python for a CLI); no config file or dataset needed; a SWEEP line's words and, on a
-    requeued start only, RESUME_ARGS follow the command's arguments."""
+    """`-- COMMAND ARGS`: the cheap check on one task, the doctor, then every task runs the
+    command through run/program.py (under torchrun: on each node, torchrun with the same
+    rendezvous and --no-python for a CLI); no config file or dataset needed; a SWEEP line's
+    words and, once the run started before (its STARTED marker: a requeue or the same line
+    submitted again), RESUME_ARGS follow the command's arguments."""
     repo = tmp_path / "work" / "alps-torch-project"
     no_config = {"CONFIG": "missing.toml", "DATASET": None, "DOCTOR": "1"}
     proc, calls = fake_job("--", *PROGRAM, RESUME_ARGS="--restart auto", **no_config)
     assert proc.returncode == 0, proc.stderr
-    doctor, step = calls  # no make-dataset
+    check, doctor, step = calls  # no make-dataset
+    assert "--ntasks=1" in check and check[-len(PROGRAM) - 1 :] == ["bash", *PROGRAM]
+    assert "alps_torch_project.run.program --check --" in check[check.index("-c") + 1]
     assert "doctor" in doctor and "--quick" in doctor
     assert step[step.index("-c") + 3 :] == PROGRAM  # srun ... bash -c CMD bash ARGS
     assert "--restart" not in step  # the first start
     env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "15042"}
-    argv = run_task(step, repo, tmp_path, SLURM_GPUS_ON_NODE="2", **env)
+    argv = run_task(step, repo, tmp_path, WORKERS_PER_NODE="2", **env)
     wrapper = ["python", "-m", "alps_torch_project.run.program", "--torchrun", "--nnodes=2"]
     assert argv[:5] == wrapper
     assert argv[5:] == [
@@ -306,12 +310,22 @@ def test_your_command_runs_after_the_doctor_with_its_arguments_unchanged(fake_jo
     sweep = tmp_path / "sweep.txt"
     sweep.write_text("--lr 1e-3\n--lr 3e-4 --seed 2\n")
     array_task = {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1", "SWEEP": str(sweep)}
-    requeued = {"SLURM_RESTART_COUNT": "1", "RESUME_ARGS": "--restart auto"}
-    proc, calls = fake_job("--", *PROGRAM, **no_config, **array_task, **requeued)
+    run_dir = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "STARTED").write_text("job 40 start 1\n")  # run/program.py's, on its first start
+    resubmitted = {"SLURM_RESTART_COUNT": None, "RESUME_ARGS": "--restart auto"}
+    proc, calls = fake_job("--", *PROGRAM, **no_config, **array_task, **resubmitted)
     assert proc.returncode == 0, proc.stderr
     tail = [*PROGRAM, "--lr", "3e-4", "--seed", "2", "--restart", "auto"]
     assert calls[-1][-len(tail) :] == tail
-    assert "requeued start: RESUME_ARGS appended: --restart auto" in proc.stdout
+    assert f"this run started before ({run_dir}/STARTED): RESUME_ARGS appended" in proc.stdout
+
+
+def test_a_missing_command_ends_the_job_before_the_doctor(fake_job):
+    """The check step fails (run/program.py --check: command not found, exit 127): the
+    doctor never starts."""
+    proc, calls = fake_job("--", "no-such-tool", DOCTOR="1", FAKE_SRUN_STATUS="127")
+    assert proc.returncode == 127 and len(calls) == 1 and "--check" in calls[0][-3], calls
 
 
 def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, tmp_path):
@@ -321,7 +335,10 @@ def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, 
     marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
     proc, calls = fake_job("--", "train.py", FAKE_MARKER=str(marker))
     assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
-    assert "your command stopped after a stop signal: requeueing job 42" in proc.stdout
+    # the marker's line (run/program.py: the signal, or "exited 3 (asks to be requeued)")
+    assert "your command stop: requeueing job 42 (requeue 1 of at most MAX_REQUEUES=50" in (
+        proc.stdout
+    )
     # a task failed (srun's status 1) while another one wrote the marker: not requeued
     proc, calls = fake_job("--", "train.py", FAKE_SRUN_STATUS="1", FAKE_MARKER=str(marker))
     assert proc.returncode == 1 and len(calls) == 1
@@ -342,6 +359,9 @@ def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, 
         (["--", "mtt"], {"RESUME_ARGS": "--restart auto\nid"}, "error: RESUME_ARGS="),
         (["--", "mtt"], {"RESUME_ARGS": "--epochs \u0663"}, "error: RESUME_ARGS="),
         (["--", "mtt"], {"RESUME_ARGS": "x" * 1001}, "error: RESUME_ARGS="),
+        (["--", "mtt"], {"MAX_REQUEUES": "-1"}, "error: MAX_REQUEUES='-1': a number"),
+        (["--", "mtt"], {"IN_RUN_DIR": "yes"}, "error: IN_RUN_DIR='yes': use IN_RUN_DIR=1"),
+        (["max_steps=7"], {"IN_RUN_DIR": "1"}, "error: IN_RUN_DIR is for your own command"),
     ],
     ids=[
         "nothing-after",
@@ -354,6 +374,9 @@ def test_your_command_requeues_on_the_marker_only_and_failures_say_so(fake_job, 
         "newline",
         "unicode-digit",
         "too-long",
+        "max-requeues",
+        "in-run-dir",
+        "in-run-dir-package",
     ],
 )
 def test_bad_command_lines_end_the_job_in_one_line(fake_job, args, env, message):
@@ -361,3 +384,83 @@ def test_bad_command_lines_end_the_job_in_one_line(fake_job, args, env, message)
     proc, calls = fake_job(*args, **env)
     assert proc.returncode == 2 and calls == [], proc.stderr
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_requeues_stop_at_max_requeues(fake_job, tmp_path):
+    """A command that asks for a requeue on every start (exit 3) is requeued MAX_REQUEUES times,
+    then the job ends failed with one line naming the limit; the package's runs alike."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    limit = {"MAX_REQUEUES": "2", "FAKE_MARKER": str(marker)}
+    proc, calls = fake_job("--", "train.py", SLURM_RESTART_COUNT="1", **limit)
+    assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
+    for args in (["--", "train.py"], ["max_steps=7"]):
+        proc, calls = fake_job(*args, SLURM_RESTART_COUNT="2", **limit)
+        assert proc.returncode == 1 and len(calls) == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "MAX_REQUEUES=2" in proc.stderr, proc.stderr
+        assert "not requeued: job 42 was requeued 2 times" in proc.stderr
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["your-command", "package"])
+def test_the_stop_signal_to_the_batch_shell_reaches_the_step(fake_job, tmp_path, own):
+    """`--signal=B:USR2@T` or `scancel --batch --signal=USR2`: the batch shell passes the signal
+    on to srun (which passes it to every task); the step saves (here: writes the marker) and
+    the job requeues, instead of the batch shell dying of the signal."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    step = (
+        f'trap "echo saved > {marker}; exit 0" USR2; kill -USR2 "$PPID"; '
+        "for _ in $(seq 100); do sleep 0.1; done; exit 9"
+    )
+    args = ["--", "train.py"] if own else ["max_steps=7"]
+    proc, calls = fake_job(*args, FAKE_STEP=step)
+    assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
+    assert "SIGUSR2 reached the batch shell: passed on to the step" in proc.stdout
+
+
+def test_the_job_exits_with_the_first_failing_tasks_status(fake_job, tmp_path):
+    """srun reports the highest status (137 for the task --kill-on-bad-exit killed); the job
+    exits with the status of the task that failed first, and names it."""
+    run_dir = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project"
+    step = (
+        f'sleep 0.1; echo "$(date +%s%N) 5" > {run_dir}/FAILED-task1; '
+        f'sleep 0.1; echo "$(date +%s%N) 7" > {run_dir}/FAILED-task0'
+    )
+    proc, _ = fake_job("--", "train.py", FAKE_STEP=step, FAKE_SRUN_STATUS="137")
+    assert proc.returncode == 5, proc.stderr
+    assert "error: your command failed on task 1 (exit status 5;" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "workers", "cpus"),
+    [
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_TASKS_PER_NODE": "1(x2)"}, "4", "288"),
+        ({"SLURM_GPUS_ON_NODE": None, "SLURM_TASKS_PER_NODE": "2"}, "2", "576"),
+        ({"SLURM_GPUS_ON_NODE": "0", "SLURM_TASKS_PER_NODE": "3(x2),1"}, "3", "864"),
+    ],
+    ids=["gpus", "no-gpus", "no-gpus-uneven"],
+)
+def test_torchrun_starts_a_worker_per_gpu_else_per_task_asked_for(
+    fake_job, tmp_path, env, workers, cpus
+):
+    """Without GPUs torchrun does not start 4 workers whatever was asked: one per task asked
+    for, one torchrun per node with those tasks' CPUs; the job's first lines say how many."""
+    seen = tmp_path / "step-env"
+    step_env = f'echo "$SRUN_CPUS_PER_TASK $WORKERS_PER_NODE" > {seen}'
+    proc, calls = fake_job("--", "train.py", SLURM_NNODES="2", FAKE_STEP=step_env, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"torchrun: {workers} worker(s) per node, one per " in proc.stdout
+    assert "--ntasks=2" in calls[-1] and "--ntasks-per-node=1" in calls[-1], calls[-1]
+    assert seen.read_text().split() == [cpus, workers]
+
+
+def test_sigterm_to_the_batch_shell_is_passed_on_but_does_not_requeue(fake_job, tmp_path):
+    """scancel (or a preemption, which Slurm requeues itself) sends SIGTERM: the step gets it
+    and saves, but the job script does not bring a cancelled job back."""
+    marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
+    step = (
+        f'trap "echo saved > {marker}; exit 3" TERM; kill -TERM "$PPID"; '
+        "for _ in $(seq 100); do sleep 0.1; done; exit 9"
+    )
+    proc, calls = fake_job(FAKE_STEP=step)
+    assert proc.returncode == 0 and len(calls) == 1, (proc.stderr, calls)
+    assert "SIGTERM reached the batch shell: passed on to the step" in proc.stdout
+    assert "not requeued by this script" in proc.stdout

@@ -4,14 +4,19 @@ COMMAND ...`), with the page's own files (tests/slurm/jobs.py: page_files, submi
 
 The jobs run at the same time (one module fixture submits them all, sends each its USR2 when its
 log says it is training, and waits for every one), and each test reads what one of them shows:
-- hello_ddp.py, the page's DDP check (env:// init, an all-reduce, one file per rank), with the
-  srun launcher (container flavour, the doctor first) and torchrun (uenv flavour), 1 node x 2;
+- hello_ddp.py, the page's DDP check (env:// init, an all-reduce, one file per rank), in its run
+  directory (IN_RUN_DIR=1, as the page writes it), with the srun launcher (container flavour, the
+  doctor first) and torchrun (uenv flavour, a CPU allocation of 2 tasks: 2 workers), 1 node x 2;
 - train_images.py, the page's DDP trainer that handles the signal (saves, exit 3): stopped,
-  requeued and resumed, with srun (uenv flavour) and with torchrun (container flavour);
-- metatrain's `mtt train` on one task, which knows nothing of the signal (killed by it), with
-  the page's ASE dataset: requeued, `--restart auto` appended from RESUME_ARGS, finished;
-- a failing command (not requeued), a command that is not there (one line, exit 127) and a
-  failing doctor (the command never starts).
+  requeued and resumed, with srun (uenv flavour, USR2 to the job step) and with torchrun
+  (container flavour, USR2 to the batch shell: `scancel --batch`, as `--signal=B:USR2@T` sends it);
+- metatrain's `mtt train` on one task, which knows nothing of the signal (killed by it; USR2 to
+  the batch shell), with the page's ASE dataset: requeued, `--restart auto` appended from
+  RESUME_ARGS, finished;
+- a failing command (not requeued; rank 1's own status), a command that is not there (one line,
+  exit 127, before the doctor) and a failing doctor (the command never starts);
+- a command that exits 3 on every start (requeued MAX_REQUEUES=1 times, then failed) and a run
+  cancelled and submitted again with the same line (RESUME_ARGS appended: it started before).
 The two-node versions of hello_ddp.py are in tests/test_slurm_two_node.py.
 """
 
@@ -55,6 +60,9 @@ class Job:
     delay_s: float = 0.0  # ... this long after the line was seen
     ready: Callable[[], bool] | None = None  # ... and once this holds
     release: Callable[[], None] | None = None  # called once the signal is sent
+    batch: bool = False  # USR2 to the batch shell (scancel --batch), not to the job step
+    cancel: bool = False  # scancel the job instead of the signal
+    again: Callable[[], Job] | None = None  # once it has ended: the job submitted after it
     seen_at: float | None = None
     signalled: bool = False
 
@@ -75,14 +83,15 @@ def write_images(folder: Path) -> None:
 
 
 def metatrain_pids() -> list[int]:
-    """The processes running `mtt train` (the job's command, exec'd by its bash)."""
+    """The processes running `mtt train` (the job's command: `python .../bin/mtt train ...`; not
+    run/program.py, `python -m ... -- mtt train ...`, which starts it)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # not a process, or gone
             continue
-        if any(a.endswith(b"mtt") for a in argv) and b"train" in argv:
+        if any(a.endswith(b"mtt") for a in argv[:2]) and b"train" in argv:
             found.append(int(entry.name))
     return [pid for pid in found if parent(pid) not in found]  # not its loader workers
 
@@ -146,16 +155,20 @@ def drive(slurm, started: dict[str, Job], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         running = False
-        for job in started.values():
+        for name, job in list(started.items()):
             state = slurm.job(job.sub.job_id).state
             running |= state not in TERMINAL_STATES
+            if job.again is not None and state in TERMINAL_STATES:
+                started[f"{name}-again"], job.again = job.again(), None
+                running = True
             due = job.signal_when and not job.signalled and state == "RUNNING"
             if due and job.seen_at is None:
                 if re.search(job.signal_when, job.sub.text(), re.MULTILINE):
                     job.seen_at = time.monotonic()
             waited = job.seen_at is not None and time.monotonic() >= job.seen_at + job.delay_s
             if due and waited and (job.ready is None or job.ready()):
-                slurm.run("scancel", "--signal=USR2", str(job.sub.job_id))  # as --signal does
+                how = ["--batch", "--signal=USR2"] if job.batch else ["--signal=USR2"]
+                slurm.run("scancel", *([] if job.cancel else how), str(job.sub.job_id))
                 job.signalled = True
                 if job.release is not None:
                     job.release()
@@ -190,14 +203,15 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
         "hello-srun": submit(
             "hello-srun", container, hello, SRUN_TWO, DOCTOR="1", DOCTOR_ARGS="--device cpu"
         ),
-        "hello-torchrun": submit(
-            "hello-torchrun", torchrun_uenv, hello, TORCHRUN_TWO, OMP_NUM_THREADS=None
+        "hello-torchrun": submit(  # no GPUs: torchrun starts one worker per task asked for
+            "hello-torchrun", torchrun_uenv, hello, SRUN_TWO, OMP_NUM_THREADS=None
         ),
         "images-srun": submit("images-srun", uenv, images, SRUN_TWO, signal_when=saved),
         "images-torchrun": submit(
             "images-torchrun", torchrun_container, images, TORCHRUN_TWO, signal_when=saved
         ),
     }
+    started["images-torchrun"].batch = True
     # metatrain: the page's dataset job, and its training job on the same file, written here
     # (the same script, run by this process: the training need not wait for the dataset job)
     data = submit("cu-data", container, jobs.page_command(container, "cu_emt.py"), ONE_TASK, 1)
@@ -212,11 +226,11 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     epoch = r"^\S+ \[[^]]+\]\[INFO\] - Epoch:\s+2 "
     mtt_job = submit("metatrain", container, mtt, ONE_TASK, 1, epoch)
     frozen = Frozen(mtt_job.sub.run_dir / "outputs", 2)
-    mtt_job.ready, mtt_job.release = frozen.ready, frozen.release
+    mtt_job.ready, mtt_job.release, mtt_job.batch = frozen.ready, frozen.release, True
     started |= {"cu-data": data, "mtt": mtt_job}
     failing = "sbatch jobs/train_container.sbatch -- python -c " + repr(
         "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else "
-        f"sys.exit('RuntimeError: {FAILURE}')"
+        f"(print('RuntimeError: {FAILURE}', file=sys.stderr), sys.exit(5))"
     )
     not_a_dir = work / "not-a-directory"
     not_a_dir.write_text("")
@@ -224,10 +238,37 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     started |= {
         "failing": submit("failing", container, failing, SRUN_TWO),
         "not-found": submit(
-            "not-found", container, "sbatch jobs/train_container.sbatch -- no-such-tool x", SRUN_TWO
+            "not-found",
+            container,
+            "sbatch jobs/train_container.sbatch -- no-such-tool x",
+            SRUN_TWO,
+            DOCTOR="1",
+            DOCTOR_ARGS="--device cpu",
+        ),
+        "asks-again": submit(
+            "asks-again",
+            uenv,
+            "sbatch jobs/train_uenv.sbatch -- python -c 'import sys; sys.exit(3)'",
+            ONE_TASK,
+            1,
+            MAX_REQUEUES="1",
         ),
         "failing-doctor": submit("failing-doctor", container, hello, ONE_TASK, 1, **bad_doctor),
     }
+    # a run cancelled while its command runs, then the same line submitted again: it resumes
+    again_line = "sbatch jobs/train_uenv.sbatch -- python -c " + repr(
+        "import sys, time; print('arguments:', *sys.argv[1:], flush=True); "
+        "'--resumed' in sys.argv or time.sleep(300)"
+    )
+    resubmitted = {"RESUME_ARGS": "--resumed"}
+
+    def cancelled() -> Job:
+        job = submit("cancelled", uenv, again_line, ONE_TASK, 1, "^0: arguments:", **resubmitted)
+        job.cancel = True
+        job.again = lambda: submit("cancelled", uenv, again_line, ONE_TASK, 1, **resubmitted)
+        return job
+
+    started["cancelled"] = cancelled()
     try:
         drive(slurm, started, timeout=jobs.JOB_TIMEOUT * 2)
     except (AssertionError, TimeoutError) as exc:
@@ -270,25 +311,34 @@ def test_hello_ddp_with_srun_after_the_doctor(ran):
     text = job.sub.text()
     assert "doctor: 2 rank(s) on 1 node(s)" in text and "doctor: 0 FAIL" in text, text[-3000:]
     assert text.index("doctor: 0 FAIL") < text.index("your command: hello_ddp.py")
-    jobs.check_environment_requests(job.sub, steps_per_start=2)  # the doctor, the command
+    # the check that the command is there, the doctor, the command
+    jobs.check_environment_requests(job.sub, steps_per_start=3)
 
 
-def test_hello_ddp_with_torchrun(ran):
-    check_hello(ran["hello-torchrun"], threads="8")  # unset: 16 CPUs for 2 workers
+def test_hello_ddp_with_torchrun_on_cpus(ran):
+    """2 tasks of 8 CPUs, no GPU: one torchrun on the node starts 2 workers (not 4), 8 threads
+    each (OMP_NUM_THREADS unset: the 2 tasks' 16 CPUs for 2 workers)."""
+    check_hello(ran["hello-torchrun"], threads="8")
+    text = ran["hello-torchrun"].sub.text()
+    assert "torchrun: 2 worker(s) per node, one per task asked for (no GPUs)" in text
 
 
 @pytest.mark.parametrize("name", ["images-srun", "images-torchrun"])
 def test_a_trainer_that_handles_the_signal_saves_is_requeued_and_resumes(ran, name):
-    """USR2 on the first start: the ranks stop at one step, rank 0 saves, exit 3 (under
-    torchrun, torchrun's own stop after passing the signal on); the job requeues itself, the
-    second start resumes from that step and trains to the last epoch."""
+    """USR2 on the first start (srun: to the job step; torchrun: to the batch shell, which
+    passes it on): the ranks stop at one step, rank 0 saves, exit 3 (under torchrun,
+    torchrun's own stop after passing the signal on); the job requeues itself, the second
+    start resumes from that step and trains to the last epoch."""
     job = ran[name]
     record, text = ended(job)
     assert record.state == "COMPLETED" and record.restarts == 1, text[-4000:]
     first, second = text.split("== job", 2)[1:]
-    how = "exited with status 3" if name.endswith("srun") else "ended by SIGUSR2"
-    assert f"train_images.py {how} (signals received: SIGUSR2)" in first, first[-3000:]
-    assert f"your command stopped after a stop signal: requeueing job {job.sub.job_id}" in first
+    how = "exited 3 (asks to be requeued)" if name.endswith("srun") else "ended by SIGUSR2"
+    line = f"train_images.py {how}; signals received: SIGUSR2"
+    assert line in first, first[-3000:]
+    assert f"your command {line}: requeueing job {job.sub.job_id} (requeue 1 of at most" in first
+    batch = "SIGUSR2 reached the batch shell: passed on to the step"
+    assert (batch in first) == name.endswith("torchrun"), first[-3000:]
     stop = re.findall(r"epoch (\d+) step (\d+): loss [\d.]+, saved$", first, re.M)[-1]
     resumed = re.findall(r"rank (\d): resuming at epoch (\d+) step (\d+)$", second, re.M)
     at = (int(stop[0]), int(stop[1]))
@@ -312,9 +362,12 @@ def test_metatrain_killed_by_the_signal_restarts_with_resume_args(ran):
     record, text = ended(job)
     assert record.state == "COMPLETED" and record.restarts == 1, text[-5000:]
     first, second = text.split("== job", 2)[1:]
-    assert "bash ended by SIGUSR2 (signals received: SIGUSR2)" in first, first[-3000:]
+    assert "SIGUSR2 reached the batch shell: passed on to the step" in first, first[-3000:]
+    assert "mtt ended by SIGUSR2; signals received: SIGUSR2" in first, first[-3000:]
+    assert f"it runs in {job.sub.run_dir} (IN_RUN_DIR=1)" in first  # the page's line
+    assert not (job.sub.repo.path / "outputs").exists(), "metatrain wrote into the git tree"
     assert "--restart" not in first.split("your command:", 1)[1].splitlines()[0]
-    assert "requeued start: RESUME_ARGS appended: --restart auto" in second
+    assert "RESUME_ARGS appended: --restart auto" in second
     restart = re.search(r"Restarting training from '(\S+/model_(\d+)\.ckpt)'", second)
     assert restart and int(restart.group(2)) >= 2, second[-3000:]
     assert (job.sub.run_dir / restart.group(1)).is_file()  # its own run directory's
@@ -322,27 +375,53 @@ def test_metatrain_killed_by_the_signal_restarts_with_resume_args(ran):
 
 
 def test_a_failing_command_is_not_requeued(ran):
-    """Rank 1 exits 1: srun ends rank 0 at once (--kill-on-bad-exit: SIGTERM), the job FAILED;
-    the terminated rank 0 is not taken for one the time limit's warning stopped. Rank 1's last
-    line is whole, labelled once (srun --unbuffered cut such lines in two)."""
+    """Rank 1 exits 5: srun ends rank 0 at once (--kill-on-bad-exit: SIGTERM), the job FAILED
+    with rank 1's own status, 5 (not srun's highest); the terminated rank 0 is not taken for
+    one the time limit's warning stopped. Rank 1's last line is whole, labelled once (srun
+    --unbuffered cut such lines in two)."""
     record, text = ended(ran["failing"])
     assert record.state == "FAILED" and record.restarts == 0, text[-3000:]
+    assert record.exit_code[0] == 5, text[-3000:]
     assert f"\n1: RuntimeError: {FAILURE}\n" in text, text[-3000:]
     assert record.fields["RunTime"] < "00:00:50", "rank 0 waited for its 60 s"
-    assert "srun: error: vm: task 1: Exited with exit code 1" in text.replace(
+    assert "srun: error: vm: task 1: Exited with exit code 5" in text.replace(
         ran["failing"].sub.slurm.node, "vm"
     )
-    assert re.search(r"error: your command failed \(exit status \d+; its lines above", text)
+    assert "error: your command failed on task 1 (exit status 5; its lines above" in text
     assert "Not requeued." in text and "requeueing" not in text
     assert not (ran["failing"].sub.run_dir / "REQUEUE").exists()
 
 
-def test_a_command_that_is_not_there_is_one_line(ran):
+def test_a_command_that_is_not_there_is_one_line_before_the_doctor(ran):
     record, text = ended(ran["not-found"])
     assert record.state == "FAILED" and record.exit_code[0] == 127, text[-3000:]
     lines = [line for line in text.splitlines() if "no-such-tool" in line and "error:" in line]
     assert len(lines) == 1 and "command not found in" in lines[0], text[-3000:]
     assert record.restarts == 0 and "requeueing" not in text
+    assert "doctor:" not in text, "the doctor ran before the check"
+
+
+def test_exit_3_on_every_start_stops_at_max_requeues(ran):
+    """Exit 3 ("asks to be requeued") with MAX_REQUEUES=1: requeued once, then FAILED with
+    one line naming the limit."""
+    record, text = ended(ran["asks-again"])
+    assert record.state == "FAILED" and record.restarts == 1, text[-3000:]
+    first, second = text.split("== job", 2)[1:]
+    assert "python exited 3 (asks to be requeued); signals received: none" in first, first
+    assert "requeueing job" in first and "requeueing" not in second, text
+    assert "not requeued: job" in second and "MAX_REQUEUES=1" in second, second
+
+
+def test_a_cancelled_run_submitted_again_resumes(ran):
+    """The same line submitted again after a cancel: the run directory shows the run started
+    before, so RESUME_ARGS is appended (the first start had none)."""
+    first, second = ran["cancelled"], ran["cancelled-again"]
+    record, text = ended(first)
+    assert record.state == "CANCELLED", text[-3000:]
+    assert "0: arguments:\n" in text and "RESUME_ARGS appended" not in text, text[-3000:]
+    record, text = ended(second)
+    assert record.state == "COMPLETED", text[-3000:]
+    assert "RESUME_ARGS appended: --resumed" in text and "0: arguments: --resumed" in text
 
 
 def test_a_failing_doctor_stops_the_job_before_the_command(ran):

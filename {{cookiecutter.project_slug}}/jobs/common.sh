@@ -23,6 +23,7 @@ plain_words() {
 # A requeued job appends to its log: one line per start says which start the lines below it are.
 echo "== job ${SLURM_JOB_ID} start $((${SLURM_RESTART_COUNT:-0} + 1)) on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
+# ---- The job's arguments and settings, all checked here, before anything starts.
 # What runs: the package (sbatch jobs/train_<flavour>.sbatch [key=value ...]), or your own
 # command after -- (sbatch jobs/train_<flavour>.sbatch -- COMMAND [ARGS...], docs/your-program.md),
 # with everything below but the config and the dataset, which are the package's.
@@ -37,8 +38,9 @@ if [[ "${1:-}" == -- ]]; then
     program=("$@")
     own=1
 fi
-# RESUME_ARGS: words appended to your command on a requeued start (e.g. "--restart auto" for
-# metatrain). Appended as plain words, not through a shell: quotes, $, ; and the like are refused.
+# RESUME_ARGS: words appended to your command on every start of a run that started before (a
+# requeue, or the same line submitted again; e.g. "--restart auto" for metatrain). Appended as
+# plain words, not through a shell: quotes, $, ; and the like are refused.
 resume_args=()
 if [[ -n "${RESUME_ARGS:-}" ]]; then
     if [[ ${own} == 0 ]]; then
@@ -49,10 +51,27 @@ if [[ -n "${RESUME_ARGS:-}" ]]; then
         echo "error: RESUME_ARGS=${RESUME_ARGS@Q}: only letters, digits, spaces and _ . / = : , + @ % - (words, at most 1000 characters)" >&2
         exit 2
     fi
-    if [[ "${SLURM_RESTART_COUNT:-0}" != 0 ]]; then
-        read -r -a resume_args <<< "${RESUME_ARGS}"
-        echo "requeued start: RESUME_ARGS appended: ${resume_args[*]}"
-    fi
+fi
+# IN_RUN_DIR=1: your command runs in RUN_DIR, not in the repository root, so that what it
+# writes to relative paths stays with the run (run/program.py gives the words that name files of
+# the repository as absolute paths, so that the command still finds them).
+IN_RUN_DIR="${IN_RUN_DIR:-0}"
+if [[ "${IN_RUN_DIR}" != 0 && "${IN_RUN_DIR}" != 1 ]]; then
+    echo "error: IN_RUN_DIR=${IN_RUN_DIR@Q}: use IN_RUN_DIR=1 (your command runs in RUN_DIR) or 0" >&2
+    exit 2
+fi
+if [[ "${IN_RUN_DIR}" == 1 && ${own} == 0 ]]; then
+    echo "error: IN_RUN_DIR is for your own command (after --); the package writes to RUN_DIR itself" >&2
+    exit 2
+fi
+export IN_RUN_DIR
+# MAX_REQUEUES: how often the job may requeue itself. A stop signal or exit status 3 requeues;
+# past the limit the job ends failed, so that a program that exits 3 at once cannot loop. 50: a
+# run chained at a 24-hour time limit goes on for seven weeks; SLURM_RESTART_COUNT counts.
+MAX_REQUEUES="${MAX_REQUEUES:-50}"
+if [[ ! "${MAX_REQUEUES}" =~ ^[0-9]{1,6}$ ]]; then
+    echo "error: MAX_REQUEUES=${MAX_REQUEUES@Q}: a number of requeues (0: never requeue)" >&2
+    exit 2
 fi
 
 # The venv layered on the environment by scripts/setup_venv.sh (torch comes from the environment).
@@ -97,6 +116,13 @@ fi
 # shellcheck source=scripts/dirs.sh
 source scripts/dirs.sh  # data_root, runs_root: the project's directories
 RUN_DIR="${RUN_DIR:-$(runs_root)/${RUN_NAME}}"
+# run/program.py leaves STARTED when your command first starts in RUN_DIR: from then on every
+# start of this run (a requeue, the same line submitted again after a cancel or a node failure)
+# appends RESUME_ARGS; a new run's first start never does.
+if [[ -n "${RESUME_ARGS:-}" && -f "${RUN_DIR}/STARTED" ]]; then
+    read -r -a resume_args <<< "${RESUME_ARGS}"
+    echo "this run started before (${RUN_DIR}/STARTED): RESUME_ARGS appended: ${resume_args[*]}"
+fi
 # Datasets live in DATA_DIR; your own: python -m {{ cc.package_name }} make-dataset --text FILE...
 # --out <DATA_DIR>/NAME. Which one trains: DATASET=... in the job's environment, else the config
 # file's `dataset`, else the jobs' default, the Python standard library's sources as byte tokens
@@ -118,6 +144,7 @@ if [[ ${own} == 0 && ! -f "${CONFIG}" ]]; then
     echo "error: CONFIG=${CONFIG} does not exist (a path relative to the repository root)" >&2
     exit 2
 fi
+export RUN_DIR DATA_DIR
 mkdir -p "${RUN_DIR}" "${DATA_DIR}"{% if ce %}  # a container's EDF mounts both: mount sources must exist{% endif %}
 
 # Rendezvous: the first node of the allocation, a port derived from the job id so that two jobs
@@ -147,11 +174,26 @@ one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} 
 # SignalException torchrun raises after forwarding into one line; the REQUEUE marker below is what
 # says the checkpoint was written.
 export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGUSR1"
+# torchrun's workers per node: one per GPU; on a node without GPUs, one per task asked for
+# (sbatch --ntasks-per-node=N, or --ntasks: the first node's count). srun then starts one
+# torchrun per node, with the CPUs of all those tasks.
+tasks_per_node="${SLURM_TASKS_PER_NODE:-1}"
+tasks_per_node="${tasks_per_node%%[(,]*}"
+if [[ "${SLURM_GPUS_ON_NODE:-0}" =~ ^[1-9][0-9]*$ ]]; then
+    WORKERS_PER_NODE="${SLURM_GPUS_ON_NODE}"
+    echo "torchrun: ${WORKERS_PER_NODE} worker(s) per node, one per GPU"
+else
+    WORKERS_PER_NODE="${tasks_per_node}"
+    echo "torchrun: ${WORKERS_PER_NODE} worker(s) per node, one per task asked for (no GPUs)"
+fi
+export WORKERS_PER_NODE
+srun_args+=(--ntasks="${SLURM_NNODES}" --ntasks-per-node=1)
+SRUN_CPUS_PER_TASK="$((SLURM_CPUS_PER_TASK * tasks_per_node))"
 # All ranks: one torchrun per node starts one worker per GPU; the rendezvous is static, as in
 # the CSCS guides: node 0's address and the job's port. exec hands the signals from Slurm to
 # torchrun directly.
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
-rendezvous='--nnodes="${SLURM_NNODES}" --nproc-per-node="${SLURM_GPUS_ON_NODE:-4}" \
+rendezvous='--nnodes="${SLURM_NNODES}" --nproc-per-node="${WORKERS_PER_NODE}" \
     --node-rank="${SLURM_NODEID}" --master-addr="${MASTER_ADDR}" --master-port="${MASTER_PORT}"'
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
 all_ranks='source "${VENV}/bin/activate" && exec "${profile[@]}" python -m {{ cc.package_name }}.run.torchrun '"${rendezvous}"' \
@@ -207,6 +249,14 @@ if [[ ${own} == 0 && "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]
         make-dataset --stdlib --out "${DATASET}"
 fi
 
+# Your command: that it is there and that no other job holds RUN_DIR, on one task (cheap, before
+# the doctor's minute).
+if [[ ${own} == 1 && "${DOCTOR:-1}" != 0 ]]; then
+    # shellcheck disable=SC2016  # expanded by the task's bash, not here
+    check_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }}.run.program --check -- "$@"'
+    srun "${srun_args[@]}" --nodes=1 --ntasks=1 bash -c "${check_task}" bash "${program[@]}"
+fi
+
 # Preflight on every rank, in the environment training uses: GPUs, NCCL network plugin, CPU
 # binding, directories, then a short all-reduce. A FAIL stops the job before it spends its hours.
 if [[ "${DOCTOR:-1}" != 0 ]]; then
@@ -226,21 +276,43 @@ fi
 
 started="$(mktemp)"  # the REQUEUE marker counts only if written after this (see below)
 trap 'rm -f "${started}"' EXIT
-set +e
+# The stop signal may come to the batch shell rather than to the step (#SBATCH --signal=B:USR2@T,
+# scancel --batch --signal=USR2, preemption's SIGTERM): passed on to srun, which passes it on to
+# every task, so that both forms stop, save and requeue alike.
+signals_passed=0  # how many stop signals reached this shell
+terminated=0      # 1: SIGTERM came (scancel, or preemption: Slurm requeues a preempted job itself)
+step_pid=""
+# shellcheck disable=SC2329  # invoked by the traps below
+pass_on() {
+    signals_passed=$((signals_passed + 1))
+    [[ "$1" != TERM ]] || terminated=1
+    echo "SIG$1 reached the batch shell: passed on to the step"
+    [[ -z "${step_pid}" ]] || kill -s "$1" "${step_pid}" 2>/dev/null || true
+}
+trap 'pass_on USR2' USR2
+trap 'pass_on USR1' USR1
+trap 'pass_on TERM' TERM
 if [[ ${own} == 1 ]]; then
-    # Your command, from the repository root; a SWEEP line's words and, on a requeued start,
-    # RESUME_ARGS follow its arguments. RUN_DIR is yours to write to, DATA_DIR holds the data.
-    export RUN_DIR DATA_DIR
+    # Your command, from the repository root; a SWEEP line's words and, on a later start of the
+    # run, RESUME_ARGS follow its arguments. RUN_DIR is yours to write to, DATA_DIR holds the data.
     printf -v shown ' %q' "${program[@]}" "${task_args[@]}" "${resume_args[@]}"
     echo "your command:${shown}"
+    [[ "${IN_RUN_DIR}" == 0 ]] || echo "it runs in ${RUN_DIR} (IN_RUN_DIR=1)"
     srun "${srun_args[@]}" bash -c "${profiler}${program_ranks}" bash \
-        "${program[@]}" "${task_args[@]}" "${resume_args[@]}"
+        "${program[@]}" "${task_args[@]}" "${resume_args[@]}" &
 else
     srun "${srun_args[@]}" bash -c "${profiler}${all_ranks}" bash \
-        --config "${CONFIG}" "run_dir=${RUN_DIR}" "${dataset_args[@]}" "$@" "${task_args[@]}"
+        --config "${CONFIG}" "run_dir=${RUN_DIR}" "${dataset_args[@]}" "$@" "${task_args[@]}" &
 fi
-status=$?
-set -e
+step_pid=$!
+# wait returns early (status > 128) when a trapped signal arrives: wait again until srun ended
+while :; do
+    passed_before=${signals_passed}
+    status=0
+    wait "${step_pid}" || status=$?
+    [[ ${status} -gt 128 && ${signals_passed} != "${passed_before}" ]] || break
+    kill -0 "${step_pid}" 2>/dev/null || { status=0; wait "${step_pid}" || status=$?; break; }
+done
 
 # Exit status 3 (or the REQUEUE marker, since torchrun turns a worker's 3 into 1) means: the
 # run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
@@ -255,15 +327,46 @@ if [[ ${own} == 0 && ( ${status} -eq 3 || "${RUN_DIR}/REQUEUE" -nt "${started}" 
 elif [[ ${own} == 1 && ${status} -eq 0 && "${RUN_DIR}/REQUEUE" -nt "${started}" ]]; then
     requeue=1
 fi
+if [[ ${requeue} == 1 && ${terminated} == 1 ]]; then
+    # scancel must not bring the job back; with PreemptMode=REQUEUE Slurm requeues it itself
+    echo "stopped by SIGTERM (scancel, or a preemption that Slurm requeues by itself): not" \
+        "requeued by this script; the next start of this run resumes"
+    exit 0
+fi
 if [[ ${requeue} == 1 ]]; then
     what="checkpoint saved after a stop request"
-    [[ ${own} == 0 ]] || what="your command stopped after a stop signal"
-    echo "${what}: requeueing job ${job_ref}"
+    # the REQUEUE marker's line names the cause: the signal that arrived, or exit status 3
+    [[ ${own} == 0 ]] || what="your command $(head -c 300 "${RUN_DIR}/REQUEUE" | head -n 1)"
+    restarts="${SLURM_RESTART_COUNT:-0}"
+    if [[ ${restarts} -ge ${MAX_REQUEUES} ]]; then
+        echo "error: ${what}, but not requeued: job ${job_ref} was requeued ${restarts} times," \
+            "MAX_REQUEUES=${MAX_REQUEUES} (submit with a higher MAX_REQUEUES to go on)" >&2
+        exit 1
+    fi
+    echo "${what}: requeueing job ${job_ref} (requeue $((restarts + 1)) of at most" \
+        "MAX_REQUEUES=${MAX_REQUEUES}; Slurm starts it again after about two minutes)"
     scontrol requeue "${job_ref}"
     exit 0
 fi
 if [[ ${status} -ne 0 && ${own} == 1 ]]; then
-    echo "error: your command failed (exit status ${status}; its lines above say why). Not requeued." >&2
+    # The first task that failed on its own (run/program.py's FAILED-task<N>: the time it ended
+    # and its status): srun reports the highest status, often that of a task it killed after.
+    first=""
+    for failed in "${RUN_DIR}"/FAILED-task*; do
+        [[ -f "${failed}" && "${failed}" -nt "${started}" ]] || continue
+        read -r when task_status < "${failed}" || continue
+        if [[ -z "${first}" || "${when}" -lt "${first%% *}" ]]; then
+            first="${when} ${task_status} ${failed##*FAILED-task}"
+        fi
+    done
+    if [[ -n "${first}" ]]; then
+        read -r _ status task <<< "${first}"
+        echo "error: your command failed on task ${task} (exit status ${status}; its lines above" \
+            "say why). Not requeued." >&2
+    else
+        echo "error: your command failed (exit status ${status}; its lines above say why). Not requeued." >&2
+    fi
+    exit "${status}"
 elif [[ ${status} -eq 4 ]]; then
     echo "error: training diverged (exit status 4: a NaN or inf loss or gradient norm; the ERROR" \
         "line above names the step and the last good checkpoint). Not requeued." >&2

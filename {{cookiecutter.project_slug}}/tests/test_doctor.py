@@ -229,6 +229,9 @@ def test_check_gpus(want_gpu, visible, tasks, status, text):
         (72, 8, 4, 288, True, OK, "72 core(s) bound, 8 thread(s)"),
         (8, 16, 4, 288, True, FAIL, "oversubscribed; set OMP_NUM_THREADS<=8"),
         (288, 100, 4, 288, True, FAIL, "4 unbound tasks on 288 cores"),
+        (288, 100, 4, 288, True, FAIL, "set OMP_NUM_THREADS<=72 or bind tasks"),
+        # one thread each already: the advice is fewer processes, not OMP_NUM_THREADS<=1
+        (2, 1, 4, 2, False, FAIL, "oversubscribed; run at most 2 processes per node"),
         (8, 8, 4, 288, True, WARN, "--cpus-per-task=72"),
         (2, 1, 2, 2, False, OK, "2 core(s) bound"),
     ],

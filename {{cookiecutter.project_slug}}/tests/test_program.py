@@ -32,7 +32,7 @@ PROGRAM = textwrap.dedent(
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
             "SLURM_PROCID")
     seen = {key: os.environ.get(key) for key in keys}
-    seen["argv"] = sys.argv[1:]
+    seen["argv"], seen["cwd"] = sys.argv[1:], os.getcwd()
     seen["pid"], seen["own_group"] = os.getpid(), os.getpgrp() == os.getpid()
     seen["lock"] = os.path.exists(os.path.join(os.environ.get("RUN_DIR", "/nonexistent"), "LOCK"))
     got = []
@@ -210,11 +210,13 @@ def test_the_warning_reaches_the_program_once_and_requeues_when_it_stopped(
     marker = run_dir / REQUEUE
     assert code == status, err
     if status == 0:  # the marker says it; status 3 would end the other tasks early
-        how = "exited with status 3" if mode == "save" else "ended by SIGUSR2"
-        line = f"own.py {how} (signals received: SIGUSR2): stopped to be requeued"
+        how = "exited 3 (asks to be requeued)" if mode == "save" else "ended by SIGUSR2"
+        line = f"own.py {how}; signals received: SIGUSR2"
         assert marker.read_text() == line + "\n" and err == line + "\n"
     else:
         assert not marker.exists(), err
+    # a task stopped by a signal did not fail on its own: the job script does not blame it
+    assert not list(run_dir.glob("FAILED-task*"))
     if mode == "save":
         assert (out / "saved.txt").read_text() == "1", "the program got the signal twice"
 
@@ -224,8 +226,9 @@ def test_without_a_signal_exit_status_3_still_requeues_and_others_do_not(user, t
     start, _ = user
     run_dir = tmp_path / "run"
     rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir)}
-    assert finish(start("--", "own.py", **rank0, EXIT="3"))[0] == 0
-    assert (run_dir / REQUEUE).is_file()
+    code, err = finish(start("--", "own.py", **rank0, EXIT="3"))
+    line = "own.py exited 3 (asks to be requeued); signals received: none\n"
+    assert code == 0 and err == line and (run_dir / REQUEUE).read_text() == line
     (run_dir / REQUEUE).unlink()
     assert finish(start("--", "own.py", **rank0, EXIT="140"))[0] == 140  # no USR2 came
     assert not (run_dir / REQUEUE).exists()
@@ -287,3 +290,69 @@ def _state(pid: int) -> bytes:
         return Path(f"/proc/{pid}/status").read_bytes().lower()
     except OSError:
         return b"zombie"
+
+
+def test_task_0_notes_the_runs_first_start_once(user, tmp_path):
+    """<RUN_DIR>/STARTED: written when the command first starts, kept by later starts (the job
+    script then appends RESUME_ARGS); not written when the command is not there."""
+    start, _ = user
+    run_dir = tmp_path / "run"
+    rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir)}
+    assert finish(start("--", "missing.py", **rank0))[0] == 127
+    assert not (run_dir / program.STARTED).exists()
+    assert finish(start("--", "own.py", **rank0))[0] == 0
+    assert (run_dir / program.STARTED).read_text() == "job 77 start 1\n"
+    assert finish(start("--", "own.py", **rank0, SLURM_RESTART_COUNT="2"))[0] == 0
+    assert (run_dir / program.STARTED).read_text() == "job 77 start 1\n"
+
+
+def test_a_task_that_fails_on_its_own_notes_its_status(user, tmp_path):
+    """FAILED-task<N>: when the task's command failed and with which status (the job script
+    reports the first, not srun's highest)."""
+    start, _ = user
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    before = time.time_ns()
+    rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir)}
+    code, _ = finish(start("--", "own.py", **rank0, EXIT="5"))
+    when, status = (run_dir / "FAILED-task0").read_text().split()
+    assert code == 5 and status == "5" and before < int(when) < time.time_ns()
+
+
+def test_check_refuses_a_missing_command_and_a_held_run_dir_without_starting(user, tmp_path):
+    """--check (the job script's cheap step before the doctor): the command is there and no
+    other job holds RUN_DIR; it starts nothing and leaves no lock."""
+    start, out = user
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir)}
+    code, err = finish(start("--check", "--", "no-such-tool", **rank0))
+    assert code == 127 and err.startswith("error: no-such-tool: command not found in "), err
+    assert finish(start("--check", "--", "own.py", **rank0)) == (0, "")
+    assert not (out / "started").exists() and not (run_dir / LOCK).exists()
+    holder = {"job": "12", "host": socket.gethostname(), "pid": os.getppid(), "step": "0"}
+    (run_dir / LOCK).write_text(json.dumps(holder))
+    code, err = finish(start("--check", "--", "own.py", **rank0))
+    assert code == 1 and "in use by job 12" in err and err.count("\n") == 1, err
+
+
+def test_in_run_dir_the_command_runs_there_and_finds_its_own_files(user, tmp_path):
+    """IN_RUN_DIR=1: the command runs in RUN_DIR (a relative output lands there, per run), and
+    each word naming a file of the repository root is given as its absolute path; other words
+    (options, `--opt=FILE`, names that are no file there) stay as they were."""
+    start, out = user
+    (tmp_path / "options.yaml").write_text("")
+    (tmp_path / "sub").mkdir()
+    run_dir = tmp_path / "runs" / "exp"
+    rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir), "IN_RUN_DIR": "1"}
+    args = ["options.yaml", "--config=options.yaml", "sub", "missing.yaml", "-"]
+    code, err = finish(start("--", "own.py", *args, **rank0))
+    assert code == 0, err
+    seen = json.loads((out / "seen-0.json").read_text())
+    assert seen["argv"] == [str(tmp_path / "options.yaml"), *args[1:]]
+    assert seen["cwd"] == str(run_dir)
+    assert finish(start("--", "own.py", **rank0, EXIT="3"))[0] == 0
+    assert (run_dir / REQUEUE).read_text().startswith("own.py exited 3")  # as typed
+    code, err = finish(start("--", "own.py", "options.yaml", **{**rank0, "IN_RUN_DIR": None}))
+    seen = json.loads((out / "seen-0.json").read_text())
+    assert code == 0 and (seen["argv"], seen["cwd"]) == (["options.yaml"], str(tmp_path))

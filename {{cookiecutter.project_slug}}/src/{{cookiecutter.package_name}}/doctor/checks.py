@@ -170,12 +170,16 @@ def check_cpu(
             "more cores (srun --cpus-per-task)",
         )
     if bound_cores >= node_cores and threads * tasks_on_node > node_cores:
+        per_task = node_cores // tasks_on_node
+        if per_task == 0:  # fewer threads cannot help: more processes than cores
+            advice = f"run at most {node_cores} processes per node (tasks or torchrun workers)"
+        else:
+            advice = f"set OMP_NUM_THREADS<={per_task} or bind tasks (srun --cpus-per-task)"
         return Result(
             FAIL,
             "cpu",
-            f"{found}, {tasks_on_node} unbound tasks on {node_cores} cores: oversubscribed; set "
-            f"OMP_NUM_THREADS<={max(1, node_cores // tasks_on_node)} or bind tasks "
-            "(srun --cpus-per-task)",
+            f"{found}, {tasks_on_node} unbound tasks on {node_cores} cores: oversubscribed; "
+            + advice,
         )
     if want_gpu and bound_cores < MIN_CORES_PER_GPU_RANK:
         return Result(

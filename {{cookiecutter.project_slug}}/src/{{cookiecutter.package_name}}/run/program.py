@@ -1,7 +1,7 @@
 """Your own program under the job scripts: `sbatch jobs/train_<flavour>.sbatch -- COMMAND ARGS`
 (docs/your-program.md). jobs/common.sh starts this module on every task of the step, in the venv:
 
-    python -m {{ cookiecutter.package_name }}.run.program [--torchrun OPTION...] -- COMMAND [ARGS...]
+    python -m {{ cookiecutter.package_name }}.run.program [--check | --torchrun OPTION...] -- COMMAND [ARGS...]
 
 It gives any command what the package does for itself:
 - the env:// contract: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from Slurm's values, so
@@ -10,11 +10,21 @@ It gives any command what the package does for itself:
 - OMP_NUM_THREADS from the CPUs Slurm gives each process, unless it is set;
 - task 0 holds <RUN_DIR>/LOCK while the program runs (run/lock.py, as training does); the other
   tasks start the program only once it does, so none runs on a run directory another job holds;
+- task 0 leaves <RUN_DIR>/STARTED when the command first starts in the run directory: the job
+  script appends RESUME_ARGS on every later start (a requeue, or the same line submitted again);
 - the signals Slurm sends (USR2 before the time limit, TERM) are passed on to the program and
-  noted. When it ends because of the warning, USR2 (killed by it, or exit status 3 after saving;
-  or exit 3 of its own accord), task 0 leaves <RUN_DIR>/REQUEUE and the job script requeues the
-  job. TERM alone is no reason: srun sends it when another task failed (--kill-on-bad-exit).
+  noted. When it ends because of the warning, USR2 (killed by it, or exit status 3 after saving),
+  or exits 3 of its own accord ("asks to be requeued"), task 0 leaves <RUN_DIR>/REQUEUE, one
+  line naming the cause, and the job script requeues the job (at most MAX_REQUEUES times). TERM
+  alone is no reason: srun sends it when another task failed (--kill-on-bad-exit);
+- a task whose command fails on its own (no signal came) leaves <RUN_DIR>/FAILED-task<N> with
+  its status and when it ended: the job exits with the first failing task's status, not srun's.
+`--check` only checks that the command is there and the run directory is free, and exits: the
+job script runs it on one task before the doctor, so that a typo costs no preflight.
 A COMMAND ending in .py runs with the venv's python; under torchrun any other runs --no-python.
+It runs in the repository root, or with IN_RUN_DIR=1 in RUN_DIR: then each word of the command
+that names an existing file relative to the repository root (`train.py`, `options.yaml`) is
+given as its absolute path, so that the command still finds its own files (`in_run_dir`).
 No torch here: this process only waits, so it stays small and starts at once.
 """
 
@@ -47,6 +57,8 @@ SIGNALS = (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal
 WARNINGS = (signal.SIGUSR2, signal.SIGUSR1)
 NOT_FOUND_EXIT_CODE = 127  # what a shell returns for a command it cannot find
 NOT_EXECUTABLE_EXIT_CODE = 126  # and for a file it cannot run
+STARTED = "STARTED"  # jobs/common.sh tests "${RUN_DIR}/STARTED": keep the two equal
+FAILED = "FAILED-task"  # jobs/common.sh reads "${RUN_DIR}"/FAILED-task*
 HEARTBEAT_S = 60.0  # the lock's heartbeat (run/lock.py: a holder silent for 15 min is gone)
 LOCK_WAIT_S = 300.0  # how long a task waits for task 0 to take the lock
 
@@ -60,15 +72,22 @@ class Refused(Exception):
 
 
 def split_argv(argv: list[str]) -> tuple[list[str] | None, list[str]]:
-    """`[--torchrun OPTION...] -- COMMAND ARGS` -> (torchrun's options or None, the command)."""
+    """`[--check | --torchrun OPTION...] -- COMMAND ARGS` -> (torchrun's options, or None, or
+    ["--check"]; the command)."""
     if "--" not in argv:
-        raise Refused(f"usage: python -m {PACKAGE}.run.program [--torchrun OPTION...] -- COMMAND")
+        raise Refused(
+            f"usage: python -m {PACKAGE}.run.program [--check | --torchrun OPTION...] -- COMMAND"
+        )
     cut = argv.index("--")
     options, command = argv[:cut], argv[cut + 1 :]
     if not command:
         raise Refused("no command after --")
+    if options == ["--check"]:
+        return options, command
     if options and options[0] != "--torchrun":
-        raise Refused(f"unknown option {options[0][:60]!r} (only --torchrun comes before --)")
+        raise Refused(
+            f"unknown option {options[0][:60]!r} (only --check or --torchrun comes before --)"
+        )
     return (options[1:] if options else None), command
 
 
@@ -115,6 +134,17 @@ def child_environment(env: Mapping[str, str], torchrun: list[str] | None) -> dic
     if "OMP_NUM_THREADS" not in env and cpus.isascii() and cpus.isdigit():
         child["OMP_NUM_THREADS"] = str(max(int(cpus) // processes_per_task(torchrun), 1))
     return child
+
+
+def in_run_dir(command: list[str], root: Path) -> list[str]:
+    """IN_RUN_DIR=1: words naming an existing file relative to `root` made absolute (a word that
+    starts with - is an option, never a path: write `--config options.yaml`, not `--config=`)."""
+    return [
+        str(root / word)
+        if word and not word.startswith("-") and not os.path.isabs(word) and (root / word).is_file()
+        else word
+        for word in command
+    ]
 
 
 def program_argv(command: list[str], torchrun: list[str] | None) -> list[str]:
@@ -201,14 +231,18 @@ def take_lock(run_dir: RunDir, main: bool) -> RunDirLock | None:
 
 
 def run_program(
-    argv: list[str], env: dict[str, str], lock: RunDirLock | None, forwarder: Forwarder
+    argv: list[str],
+    env: dict[str, str],
+    lock: RunDirLock | None,
+    forwarder: Forwarder,
+    cwd: str | None = None,
 ) -> int:
     """Start the program, pass signals on, beat the lock's heart; its exit status."""
     if forwarder.received:  # a signal came before it started: it is as if it had ended by it
         return -forwarder.received[0]
     try:
         in_child = functools.partial(_own_group_dying_with, os.getpid())
-        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=in_child)
+        forwarder.child = subprocess.Popen(argv, env=env, preexec_fn=in_child, cwd=cwd)
     except OSError as err:  # not executable, a bad interpreter line
         raise Refused(f"cannot run {argv[0]}: {err.strerror}", NOT_FOUND_EXIT_CODE) from None
     if forwarder.received:  # one that came while it started
@@ -219,6 +253,23 @@ def run_program(
         except subprocess.TimeoutExpired:
             if lock is not None:
                 lock.refresh()
+
+
+def note_start(run_dir: RunDir) -> None:
+    """Task 0, the lock held: <RUN_DIR>/STARTED, once per run (the job script's resume test)."""
+    marker = run_dir.path / STARTED
+    if not marker.exists():
+        me = identity()
+        atomic_write_text(marker, f"job {me['job']} start {int(me['restart'] or 0) + 1}\n")
+
+
+def note_failure(run_dir: RunDir, status: int) -> None:
+    """A task's own failure: its status and when (the job script reports the first)."""
+    task = os.environ.get("SLURM_PROCID", "0")
+    try:
+        atomic_write_text(run_dir.path / f"{FAILED}{task}", f"{time.time_ns()} {status}\n")
+    except OSError:  # the job then reports srun's status, as before
+        pass
 
 
 def stopped_by_warning(status: int, received: list[int]) -> bool:
@@ -236,15 +287,29 @@ def main(argv: list[str] | None = None) -> int:
     lock = None
     try:
         torchrun, command = split_argv(list(sys.argv[1:] if argv is None else argv))
+        cwd, name = None, command[0]  # the name as typed, for the lines below
+        if env.get("IN_RUN_DIR") == "1" and run_dir is not None:
+            command, cwd = in_run_dir(command, Path.cwd()), str(run_dir)
+        if torchrun == ["--check"]:
+            program_argv(command, None)
+            if run_dir is not None:  # a clash with a running job ends here, before the doctor
+                acquire(run_dir).release()
+            return 0
         argv_, child_env = program_argv(command, torchrun), child_environment(env, torchrun)
         with Forwarder() as forwarder:  # from here on a signal is noted, also while waiting
             lock = take_lock(run_dir, main_task) if run_dir is not None else None
-            status = run_program(argv_, child_env, lock, forwarder)
+            if lock is not None:
+                note_start(run_dir)
+            if cwd is not None:
+                run_dir.create()  # the other tasks start in it before task 0 may have made it
+            status = run_program(argv_, child_env, lock, forwarder, cwd)
         received = forwarder.received
         if not stopped_by_warning(status, received):
+            if status != 0 and not received and run_dir is not None:
+                note_failure(run_dir, 128 - status if status < 0 else status)
             return 128 - status if status < 0 else status  # as a shell says it: 128 + signal
         if main_task:
-            report_stop(command[0], status, received, run_dir)
+            report_stop(name, status, received, run_dir)
         # The REQUEUE marker tells the job script; a task's status 3 would make srun's
         # --kill-on-bad-exit end the other tasks, which may still be saving.
         return 0 if run_dir is not None else REQUEUE_EXIT_CODE
@@ -267,11 +332,11 @@ def main(argv: list[str] | None = None) -> int:
 def report_stop(name: str, status: int, received: list[int], run_dir: RunDir | None) -> None:
     """Task 0: the REQUEUE marker, and one line."""
     if status == REQUEUE_EXIT_CODE:
-        how = "exited with status 3"
+        how = "exited 3 (asks to be requeued)"
     else:
         how = f"ended by {signal.Signals(-status if status < 0 else status - 128).name}"
     came = ", ".join(dict.fromkeys(signal.Signals(s).name for s in received)) or "none"
-    line = f"{name} {how} (signals received: {came}): stopped to be requeued"
+    line = f"{name} {how}; signals received: {came}"
     print(line, file=sys.stderr, flush=True)
     if run_dir is not None:
         try:
