@@ -314,8 +314,8 @@ while :; do
     kill -0 "${step_pid}" 2>/dev/null || { status=0; wait "${step_pid}" || status=$?; break; }
 done
 
-# Exit status 3 (or the REQUEUE marker, since torchrun turns a worker's 3 into 1) means: the
-# run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
+# Exit status 3 (or the REQUEUE marker, which rank 0 writes as it saves: the step's status may be
+# another task's, say one that srun's --kill-on-bad-exit ended) means: the run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
 # job id, and the next start resumes from that checkpoint. An older marker is not this job's
 # (a job refused by another one's LOCK must not requeue itself on that job's marker).
 # Your command: run/program.py leaves the marker when the command ended because of the time
