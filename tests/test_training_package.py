@@ -36,6 +36,7 @@ def test_package_layout(repo, package):
             "export_peft",
             "hf_format",
             "initial",
+            "initial_hf",
             "integrity",
             "lora",
             "manager",
