@@ -61,6 +61,7 @@ def test_package_layout(repo, package):
             "plain_loader",
             "prefetch",
             "preprocessing",
+            "recorded_tokenizer",
             "tokenizer",
             "tokens",
             "windows",
