@@ -194,6 +194,19 @@ def test_the_validation_split_prints_as_text(tmp_path, single_process, capsys):
     assert capsys.readouterr().out == stream[-1025:].decode("utf-8", errors="replace") + "\n"
 
 
+def test_a_split_that_is_not_text_is_one_line(tmp_path, single_process, capsys):
+    """The dataset's kind makes the text (DatasetKind.as_text); the arrays kind has none."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(100, 3)).astype(np.float32))
+    np.save(tmp_path / "y.npy", rng.integers(0, 2, 100))
+    data = tmp_path / "data"
+    npy = ["--x", str(tmp_path / "x.npy"), "--y", str(tmp_path / "y.npy")]
+    assert main(["make-dataset", "--out", str(data), *npy]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", f"dataset={data}", "--print-split"]) == 2
+    assert f"dataset {data} holds arrays data, which is not text" in one_line(capsys)
+
+
 def test_hf_model_without_a_dataset_is_one_line(tmp_path, single_process, capsys):
     assert main(["evaluate", f"hf_model={tmp_path}"]) == 2
     assert "evaluate hf_model=DIR needs dataset=D" in one_line(capsys)

@@ -19,13 +19,8 @@ import torch
 from ..config.settings import saved_config
 from ..config_keys import ConfigError
 from ..data.info import saved_data_info
-from ..data.tokenizer import (
-    TOKENIZER_FILE,
-    dataset_index,
-    load_tokenizer,
-    run_tokenizer_files,
-    special_tokens,
-)
+from ..data.recorded_tokenizer import dataset_index, run_tokenizer_files
+from ..data.tokenizer import TOKENIZER_FILE, load_tokenizer, special_tokens
 from ..models import spec_of
 from . import hf_format
 from .export import ExportFormat, check_outside_checkpoints, load_model_state

@@ -16,16 +16,20 @@ setting) that differs; weights holding a NaN or inf are refused naming the tenso
 source (the LoRA base, hf_model, included).
 
 A source is read once (`open_initial`, which start.py's `open_start` calls before the run
-directory is touched): a Hugging Face directory's config.json, weight files and tensor headers,
-a weights file's tensors (memory-mapped), or a run directory's checkpoints.
-What the run's model calls each Hugging Face tensor is its spec's map (`ModelSpec.hf`).
+directory is touched): a weights file's tensors (memory-mapped), a run directory's checkpoints,
+or a model directory of another format. Such a format is one module in this folder with an
+`INITIAL_SOURCE` (an `InitialSource`), and its module name in INITIAL_SOURCE_MODULES: one line
+(a Hugging Face directory: initial_hf.py, where its spec's map names each tensor).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +46,6 @@ from torch.distributed.tensor import DTensor
 from ..config_keys import ConfigError, optional_import
 from ..data.kinds import KINDS
 from ..telemetry.metrics import peak_resident_gib
-from . import hf_format
-from .adapters import init_adapters
 from .integrity import MARKER, complete_checkpoints, verify
 from .manager import read_checkpoint
 
@@ -69,9 +71,49 @@ class WeightsFile:
     tensors: dict[str, torch.Tensor]
 
 
-# A source, read once: a Hugging Face directory (its config.json and tensors' headers), a
-# weights file, or the complete checkpoints of a run directory, newest first.
-WeightSource = hf_format.HFDir | WeightsFile | list[Path]
+@dataclass(frozen=True)
+class InitialSource:
+    """A model directory init_from reads besides a run directory. `what`: its words in the
+    message that refuses a directory which is neither; `recognises(path)`: a directory of this
+    format; `open(path)`: it, read once (what the checks need; problems in one line);
+    `load(model, spec, cfg, info, opened)`: its weights into the model, each rank its part,
+    and what was loaded in words."""
+
+    name: str
+    what: str
+    recognises: Callable[[Path], bool]
+    open: Callable[[Path], object]
+    load: Callable[..., str]
+
+
+INITIAL_SOURCE_MODULES = (
+    "initial_hf",  # a Hugging Face model directory (config.json + safetensors)
+)
+
+
+@functools.cache
+def initial_sources() -> dict[str, InitialSource]:
+    """Every model directory format by name; imported when a run first opens its source."""
+    found = {}
+    for module in INITIAL_SOURCE_MODULES:
+        entry = importlib.import_module(f".{module}", __package__).INITIAL_SOURCE
+        if entry.name in found:
+            raise ImportError(f"two initial sources are named {entry.name!r} ({module}.py)")
+        found[entry.name] = entry
+    return found
+
+
+@dataclass(frozen=True)
+class OpenedDirectory:
+    """A model directory of one of `initial_sources()`, as its `open` read it."""
+
+    source: InitialSource
+    opened: object
+
+
+# A source, read once: a model directory (a Hugging Face one: its config.json and tensors'
+# headers), a weights file, or the complete checkpoints of a run directory, newest first.
+WeightSource = OpenedDirectory | WeightsFile | list[Path]
 
 
 def open_initial(cfg, spec, run_dir: str = "") -> WeightSource | None:
@@ -96,13 +138,17 @@ def open_initial(cfg, spec, run_dir: str = "") -> WeightSource | None:
             f"init_from={where} is this run's own run_dir: to continue a run, start it again "
             "without init_from (it resumes from its newest checkpoint)"
         )
-    if hf_format.is_hf_dir(path):
-        return hf_format.open_dir(path)
+    sources = initial_sources().values()
+    for source in sources:
+        if source.recognises(path):
+            return OpenedDirectory(source, source.open(path))
     checkpoints = complete_checkpoints(path)
     if not checkpoints:
+        neither = [source.what for source in sources]
         raise ConfigError(
-            f"init_from={where}: neither a Hugging Face model directory (no config.json) nor "
-            "a run directory with a complete checkpoint"
+            f"init_from={where}: "
+            + (f"neither {' nor '.join(neither)} nor " if neither else "not ")
+            + "a run directory with a complete checkpoint"
         )
     return checkpoints
 
@@ -113,8 +159,8 @@ def load_initial_weights(
     """Load a new run's initial weights (`open_initial`) into `model` (plain, DDP or FSDP2),
     each rank its part. Returns what was loaded, and this rank's peak host memory so far
     beside the size of the model's weights (GiB)."""
-    if isinstance(source, hf_format.HFDir):
-        loaded = _from_hf_dir(model, spec, cfg, info, source)
+    if isinstance(source, OpenedDirectory):
+        loaded = source.source.load(model, spec, cfg, info, source.opened)
     elif isinstance(source, WeightsFile):
         loaded = _from_weights_file(model, spec, cfg, info, source)
     else:
@@ -144,83 +190,6 @@ def refuse_non_finite(model: torch.nn.Module, cfg, spec) -> None:
             f"{which}={initial_source(cfg, spec)}: tensor {bad}: weights that are not finite "
             "would make every loss NaN; refused"
         )
-
-
-def _from_hf_dir(model, spec, cfg, info, directory: hf_format.HFDir) -> str:
-    path = directory.path
-    if spec.hf is None:
-        raise ConfigError(
-            f"init_from={path}: model={cfg.model} has no Hugging Face format (ModelSpec.hf); "
-            "start from a run directory of this package instead"
-        )
-    state = get_model_state_dict(model)  # this rank's shards under FSDP, full under DDP
-    tied = tied_names(state)
-    skipped = tied.keys() | init_adapters(state, cfg.seed)  # adapters (LoRA's): set, not read
-    expected = {k: tuple(v.shape) for k, v in state.items() if k not in skipped}
-    names, stored = _name_map(spec, cfg, info, directory, expected)
-    vocab_size = directory.config.get("vocab_size")
-    check_same_tensors(path, stored_shapes(path, names, stored, expected, vocab_size), expected)
-    with torch.no_grad():
-        for key, hf in names.items():
-            local, start = local_rows(state[key])
-            where = stored[hf.name][0]
-            rows = hf_format.read_rows(where, hf.name, start, start + local.shape[0], hf.transposed)
-            local.copy_(rows)
-    for key, same_as in tied.items():
-        state[key] = state[same_as]
-    set_model_state_dict(model, state)
-    cut = [
-        f"{hf.name} cut from {stored[hf.name][1][0]} to {expected[key][0]} rows"
-        for key, hf in names.items()
-        if hf.cut and stored[hf.name][1][0] > expected[key][0]
-    ]
-    what = "; ".join([f"Hugging Face {directory.config.get('model_type')}", *cut])
-    return f"{path} ({what})"
-
-
-def _name_map(spec, cfg, info, directory: hf_format.HFDir, expected: dict) -> tuple[dict, dict]:
-    """The model's names -> HFName (the spec's map), and where each Hugging Face tensor is:
-    name -> (file or tensor in memory, shape). Where the names do not map one to one, the
-    tensors are those transformers' own loader makes of the files, read whole, once."""
-    stored: dict = directory.tensors
-    try:
-        names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
-        if names is None:
-            whole = hf_format.load_with_transformers(directory.path)
-            tied = tied_names(whole)  # a tied output layer is the embedding, not a tensor
-            stored = {n: (t, tuple(t.shape)) for n, t in whole.items() if n not in tied}
-            names = spec.hf.from_hf(cfg, info, directory.config, stored.keys(), expected.keys())
-    except ConfigError:  # the directory's files: the message names them
-        raise
-    except ValueError as err:
-        raise ConfigError(f"init_from={directory.path}: not the configured model: {err}") from None
-    if names is None:
-        raise ConfigError(
-            f"init_from={directory.path}: its tensors do not map to the model's, also as "
-            "transformers loads them"
-        )
-    return names, stored
-
-
-def stored_shapes(
-    source: Path, names: dict, stored: dict, expected: dict, vocab_size: int | None
-) -> dict[str, tuple[int, ...]]:
-    """The shape each of the model's tensors has as read: the stored one, transposed where it
-    is stored transposed, and with the model's rows where the map allows padding rows. A
-    tensor with padding rows (the embedding) must hold config.json's `vocab_size` rows."""
-    shapes = {}
-    for key, hf in names.items():
-        shape = stored[hf.name][1][::-1] if hf.transposed else stored[hf.name][1]
-        rows = expected.get(key, (0,))[0] if shape else 0
-        if hf.padded and shape and shape[0] != vocab_size:
-            raise ConfigError(
-                f"init_from={source}: tensor {hf.name} has {shape[0]} rows but its config.json's "
-                f"vocab_size is {vocab_size}"
-            )
-        if (hf.padded and shape and shape[0] <= rows) or (hf.cut and shape and shape[0] >= rows):
-            shape = (rows, *shape[1:])
-        shapes[key] = shape
-    return shapes
 
 
 def tied_names(state: dict) -> dict[str, str]:

@@ -19,8 +19,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
 from .. import checkpoint, distributed
 from ..checkpoint import adapters, complete_checkpoints, read_checkpoint, verify
 from ..checkpoint.start import Start, load_start, open_start
@@ -28,8 +26,6 @@ from ..config.settings import Config, load_config
 from ..config_keys import ConfigError, split_assignment
 from ..data import batches as data
 from ..data.kinds import kind_of_directory
-from ..data.tokenizer import text_codec
-from ..data.tokens import TokenDataset
 from ..models import spec_of
 from ..run.rundir import RunDir
 from ..training.build import build
@@ -39,7 +35,6 @@ from ..training.step import evaluate
 ALLOWED = {"dataset", "eval_batches", "batch_size", "device", "num_workers", "cpu_threads"}
 # evaluate hf_model=DIR: the model directory and how it is read, besides
 HF_ALLOWED = ALLOWED | {"hf_model", "hf_context_length", "parallelism", "precision"}
-PIECE = 2**20  # --print-split decodes this many tokens at a time, at most
 
 
 def evaluation_config(overrides: list[str]) -> tuple[Config, int | None]:
@@ -180,7 +175,8 @@ def run_evaluation(cfg: Config, limit: int | None = None) -> dict:
 
 def print_split(overrides: list[str]) -> int:
     """The validation split of dataset=D (or of run_dir=R's dataset) as text, decoded with the
-    dataset's tokenizer, document by document as far as they go (it starts mid-document)."""
+    dataset's tokenizer, document by document as far as they go (it starts mid-document): the
+    dataset's kind makes the text (DatasetKind.as_text)."""
     given = dict(split_assignment(item) for item in overrides)
     dataset = given.get("dataset")
     if not dataset and given.get("run_dir"):
@@ -188,28 +184,12 @@ def print_split(overrides: list[str]) -> int:
     if not dataset or dataset == "synthetic":
         raise ConfigError("evaluate --print-split needs dataset=DIR (or run_dir=R): a directory")
     kind = kind_of_directory(Path(dataset))
-    if kind.name != "tokens":
+    if kind.as_text is None:
         raise ConfigError(
-            f"evaluate --print-split: dataset {dataset} holds {kind.name} data; only token "
-            "datasets are text"
+            f"evaluate --print-split: dataset {dataset} holds {kind.name} data, which is not text"
         )
-    tokens = TokenDataset.open(Path(dataset))
-    if tokens.tokenizer == "external":
-        raise ConfigError(
-            f"evaluate --print-split: dataset {dataset} holds pre-tokenised ids (make-dataset "
-            "--tokens): it has no tokenizer to make text of them"
-        )
-    codec = text_codec(dataset, None, tokens.vocab_size)
-    for shard in tokens.val:
-        ids = np.asarray(shard)
-        start = 0
-        while start < len(ids):  # pieces of at most PIECE tokens, cut after a document's end
-            stop = min(start + PIECE, len(ids))  # (so that no character is split in two)
-            ends = np.flatnonzero(ids[start:stop] == codec.separator)
-            if stop < len(ids) and len(ends):
-                stop = start + int(ends[-1]) + 1
-            print(codec.decode(ids[start:stop].tolist()), end="", flush=True)
-            start = stop
+    for piece in kind.as_text(Path(dataset)):
+        print(piece, end="", flush=True)
     print()
     return 0
 

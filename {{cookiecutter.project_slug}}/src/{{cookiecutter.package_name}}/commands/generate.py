@@ -23,13 +23,8 @@ from ..config.settings import ConfigError, saved_config
 from ..config_keys import first_line, integer_option, number_option
 from ..data.directory import file_sha256
 from ..data.info import DataInfo, saved_data_info
-from ..data.tokenizer import (
-    check_run_tokenizer,
-    load_chat_tokenizer,
-    recorded_tokenizer_sha256,
-    text_codec,
-    tokenizer_file,
-)
+from ..data.recorded_tokenizer import check_run_tokenizer, recorded_tokenizer_sha256, text_codec
+from ..data.tokenizer import load_chat_tokenizer, tokenizer_file
 from ..models import spec_of
 from ..models.spec import sample
 from . import PROG

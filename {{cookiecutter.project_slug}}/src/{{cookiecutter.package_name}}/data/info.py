@@ -4,7 +4,7 @@ module, so the models and the kinds import it without importing the data pipelin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,8 @@ class DatasetKind:
         kind's own training split.
     inline_windows(cfg): benchmark's inline loop: read(seed, step, micro, rank, batch_size,
         block) -> (x, y), the run's windows read inline (nanoGPT's get_batch); None: no such loop.
+    as_text(directory): `evaluate --print-split`: the directory's validation split as text, in
+        pieces (decoded by the tokenizer that made its ids); None: its data is not text.
     """
 
     name: str
@@ -130,3 +132,4 @@ class DatasetKind:
     export_fields: Callable[[dict], dict[str, str]] | None = None
     plain_training_set: Callable[[Path, dict, Any], tuple[Any, str]] | None = None
     inline_windows: Callable[[Any], Callable[..., tuple[Any, Any]]] | None = None
+    as_text: Callable[[Path], Iterator[str]] | None = None

@@ -1,7 +1,7 @@
 """Tokenizers as a run reads them: the byte-level one (UTF-8 bytes, vocabulary 256), Hugging Face
 tokenizers (the optional `[data]` extra: a `tokenizer.json`, its end-of-document token, a chat
-template), the codec `generate` encodes and decodes with, and the tokenizer files a dataset
-recorded (evaluate, generate, export). Training one is make_dataset/tokenizer.py's.
+template), and the codec `generate` encodes and decodes with. Which tokenizer a dataset
+recorded is data/recorded_tokenizer.py's; training one is make_dataset/tokenizer.py's.
 
 `import tokenizers` happens inside the functions: the package runs on torch and numpy alone.
 """
@@ -14,10 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config_keys import first_line, optional_import
-from .chat import FORMAT as CHAT_FORMAT
-from .chat import read_chat_index
-from .directory import DatasetError, file_sha256, read_json
-from .tokens import read_token_index
+from .directory import DatasetError, file_sha256
 
 BYTE_VOCAB = 256  # the byte-level tokenizer: an id per byte
 DOCUMENT_END = 0  # the byte-level tokenizer: the token after every document
@@ -66,7 +63,7 @@ def tokenizer_file(path: Path) -> Path:
 
 def tokenizer_record(directory: Path, source: Path) -> dict:
     """The index.json entry of the tokenizer a dataset keeps beside its ids (make-dataset writes
-    it, `run_tokenizer_files` reads it): its tokenizer.json and the COMPANION_FILES in
+    it, data/recorded_tokenizer.py reads it): its tokenizer.json and the COMPANION_FILES in
     `directory`, each with its sha256 (export carries them, and refuses one changed since), and
     where it came from."""
     companions = {
@@ -199,66 +196,12 @@ class TextCodec:
         return decode_bytes(ids) if self.tokenizer is None else decode(self.tokenizer, ids)
 
 
-def dataset_index(directory: Path) -> dict:
-    """index.json of a token or a chat dataset: both record their tokenizer alike."""
-    try:
-        found = read_json(directory / "index.json").get("format")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        found = None  # read_index names the problem
-    return read_chat_index(directory) if found == CHAT_FORMAT else read_token_index(directory)
-
-
-def recorded_tokenizer_sha256(dataset: str) -> str | None:
-    """The sha256 of the tokenizer.json a dataset was made with; None for bytes (or when the
-    dataset is not here to say)."""
-    directory = Path(dataset)
-    if dataset == "synthetic" or not (directory / "index.json").is_file():
-        return None
-    recorded = dataset_index(directory).get("tokenizer_file") or {}
-    return recorded.get("sha256")
-
-
-def check_run_tokenizer(dataset: str, fingerprint: str) -> None:
-    """The tokenizer in a run's dataset directory is the run's only while the directory holds
-    the data the run trained on (`fingerprint`, from its checkpoint): a dataset remade there
-    with another tokenizer has the same ids and other words. Byte datasets need no tokenizer."""
-    directory = Path(dataset)
-    if dataset == "synthetic" or not (directory / "index.json").is_file():
-        return
-    index = dataset_index(directory)
-    if index.get("tokenizer_file") and index.get("fingerprint") != fingerprint:
-        raise DatasetError(
-            f"{dataset} no longer holds the data the run trained on (fingerprint "
-            f"{fingerprint[:12]} -> {str(index.get('fingerprint'))[:12]}): its tokenizer may "
-            "not be the run's; give the run's tokenizer with --tokenizer"
-        )
-
-
 def unchanged(file: Path, sha256: str) -> Path:
     """`file` of a dataset, refused when it is not the one index.json recorded (swapped after
     the dataset was written: the same ids would mean other words)."""
     if file.is_file() and file_sha256(file) != sha256:
         raise DatasetError(f"{file}: changed since the dataset was written (sha256 differs)")
     return file
-
-
-def run_tokenizer_files(dataset: str, fingerprint: str) -> dict[str, Path]:
-    """The tokenizer files of a run's dataset, name -> path: tokenizer.json and the companions
-    make-dataset kept, each the one the dataset was written with ({} for byte tokens)."""
-    check_run_tokenizer(dataset, fingerprint)
-    directory = Path(dataset)
-    if dataset == "synthetic" or not (directory / "index.json").is_file():
-        return {}
-    recorded = dataset_index(directory).get("tokenizer_file")
-    if not recorded:
-        return {}
-    files = {TOKENIZER_FILE: unchanged(directory / recorded["name"], recorded["sha256"])}
-    for name, sha256 in (recorded.get("companions") or {}).items():
-        files[name] = unchanged(directory / name, sha256)
-    missing = [str(path) for path in files.values() if not path.is_file()]
-    if missing:
-        raise DatasetError(f"{missing[0]}: the dataset's tokenizer file is gone")
-    return files
 
 
 def special_tokens(files: dict[str, Path], document_end: int | None) -> dict[str, str]:
@@ -281,22 +224,9 @@ def special_tokens(files: dict[str, Path], document_end: int | None) -> dict[str
     return {"bos_token": end, "eos_token": end} if end is not None else {}
 
 
-def text_codec(dataset: str, tokenizer_path: Path | None = None, model_vocab: int = 0) -> TextCodec:
-    """The codec of a run trained on `dataset` (its config value): `tokenizer_path` if given,
-    else the tokenizer.json recorded in the dataset's index.json, else bytes (byte datasets)."""
-    if tokenizer_path is not None:
-        return TextCodec(load_tokenizer(tokenizer_path)[0])
-    directory = Path(dataset)
-    if dataset != "synthetic" and not (directory / "index.json").is_file():
-        if model_vocab > BYTE_VOCAB:  # not a byte model: bytes would decode nonsense
-            raise DatasetError(
-                f"{directory}: the run's dataset is not here to give its tokenizer (run from the "
-                "directory you trained in, or pass --tokenizer PATH)"
-            )
-        return TextCodec()
-    if dataset == "synthetic":
-        return TextCodec()
-    index = dataset_index(directory)
+def recorded_codec(directory: Path, index: dict) -> TextCodec:
+    """The codec of a token or chat dataset: the tokenizer its index.json (`index`, read and
+    checked) records, unchanged since, or bytes."""
     recorded = index.get("tokenizer_file")
     if index.get("tokenizer") != "huggingface" or not recorded:
         return TextCodec()

@@ -27,11 +27,13 @@ drawn: at most block_size per 2**28 tokens).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..config_keys import ConfigError
 from .directory import (
     DatasetError,
     ShardFile,
@@ -42,12 +44,14 @@ from .directory import (
     token_ids,
 )
 from .info import DataInfo, DatasetKind, Splits, token_batch
+from .tokenizer import recorded_codec
 from .windows import ValidationWindows, window_draws
 
 FORMAT = "tokens/1"
 SYNTHETIC_TOKENS = 2**20  # dataset=synthetic: uniform random tokens, nothing to learn
 GPT2_VOCAB = 50257  # their vocabulary when vocab_size is 0
 MIN_VAL_TOKENS = 1025  # at least one window of block_size 1024 (+1 for the shifted targets)
+TEXT_PIECE = 2**20  # evaluate --print-split decodes this many tokens at a time, at most
 # A shard rewritten after make-dataset (same size, other tokens) would resume a run on other data
 # under the same fingerprint. Every open (evaluate, generate, each rank of a run) reads the sha256
 # of 64 blocks spread over the whole dataset (at least one per shard) again: about 1 MiB,
@@ -308,6 +312,29 @@ def tokenizer_identity(details: dict) -> str | None:
     return f"{kind} sha256:{digest}" if digest else None
 
 
+def validation_text(directory: Path) -> Iterator[str]:
+    """The validation split as text (evaluate --print-split), decoded by the tokenizer that made
+    it, in pieces of at most TEXT_PIECE tokens, each cut after a document's end where one is (so
+    that no character is split in two)."""
+    tokens = TokenDataset.open(directory)
+    if tokens.tokenizer == "external":
+        raise ConfigError(
+            f"evaluate --print-split: dataset {directory} holds pre-tokenised ids (make-dataset "
+            "--tokens): it has no tokenizer to make text of them"
+        )
+    codec = recorded_codec(Path(directory), read_token_index(directory))
+    for shard in tokens.val:
+        ids = np.asarray(shard)
+        start = 0
+        while start < len(ids):
+            stop = min(start + TEXT_PIECE, len(ids))
+            ends = np.flatnonzero(ids[start:stop] == codec.separator)
+            if stop < len(ids) and len(ends):
+                stop = start + int(ends[-1]) + 1
+            yield codec.decode(ids[start:stop].tolist())
+            start = stop
+
+
 KIND = DatasetKind(
     name="tokens",
     format=FORMAT,
@@ -316,4 +343,5 @@ KIND = DatasetKind(
     synthetic_keys=("vocab_size",),
     ids_made_by=tokenizer_identity,
     inline_windows=inline_windows,
+    as_text=validation_text,
 )

@@ -7,7 +7,7 @@ models do; its state-dict names are transformers' with the prefix `hf.`. Its dec
 the blocks that FSDP shards one by one, activation checkpointing wraps and `compile=true`
 compiles. `build` gives the architecture with new, seeded weights (the same on every rank); a
 new run then starts from DIR's own weights (`hf_weights=pretrained`, the default, through
-init_from's loader, checkpoint/initial.py) or keeps the random ones (`hf_weights=random`).
+init_from's loader, checkpoint/initial_hf.py) or keeps the random ones (`hf_weights=random`).
 The names of DIR's tensors map to the model's by adding the prefix (`from_hf`, `to_hf`);
 checkpoint/ reads and writes the files.
 
