@@ -42,6 +42,56 @@ OPTIONAL_FILES: dict[str, dict[str, list[str]]] = {
 }
 KEEPS_ALL = {"env_flavour": "both"}
 
+# The parts of the repository that only some workloads (the `workload` answer) use:
+# {part: paths}, `{package}` standing for src/<package_name>. A path in no part is in every
+# bake: the environment, the job scripts, the venv and Lustre scripts, the doctor, the run
+# directory's lock, preemption and requeue (run/), the linter and pre-commit, docs/your-program.md.
+# A workload keeps the parts WORKLOADS names; one more workload is one more row there (and the
+# parts it splits off, rows here). tests/test_bake_file_set.py and docs/DESIGN.md are checked
+# against these two tables.
+PKG = "src/{package}"
+WORKLOAD_PARTS: dict[str, list[str]] = {
+    # the training package: models, datasets and their writers, the training loop, checkpoints,
+    # exports and every command but the doctor; its configs, docs and tests
+    "training": [
+        "configs",
+        *(f"docs/{page}.md" for page in ("data", "finetune", "profiling", "training")),
+        *(f"docs/{page}.md" for page in ("vision", "your-data", "your-model")),
+        *(f"{PKG}/{folder}" for folder in ("checkpoint", "config", "data", "make_dataset")),
+        *(f"{PKG}/{folder}" for folder in ("models", "telemetry", "training")),
+        f"{PKG}/optim.py",
+        f"{PKG}/parallel.py",
+        *(
+            f"{PKG}/commands/{command}.py"
+            for command in ("arguments", "benchmark", "compare", "evaluate", "export")
+        ),
+        *(
+            f"{PKG}/commands/{command}.py"
+            for command in ("generate", "keys", "make_dataset", "plot", "train")
+        ),
+        f"{PKG}/commands/train_tokenizer.py",
+        # the generated tests of those modules (the other tests are every bake's)
+        *(
+            f"tests/{name}.py"
+            for name in """
+            _ckpt_driver test_augmentation test_benchmark_images test_benchmark_tokens
+            test_chat test_chat_template test_checkpoint test_checkpoint_dcp test_cli
+            test_cli_style test_compare test_config test_config_files test_console test_data
+            test_error_boundary test_evaluate test_generate test_gpt test_hf_data
+            test_hf_export test_hf_gpt2 test_hf_model test_hf_sources test_hostile_data
+            test_image_formats test_images test_init_from test_lora test_non_finite
+            test_preemption test_prefetch test_profiling test_resume test_run_integrity
+            test_rundir test_second_signal test_timm test_tokens test_tracking test_train
+            test_vision test_vision_resume
+            """.split()
+        ),
+    ],
+}
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    "all": ("training",),
+    "program": (),  # your own program through the job scripts
+}
+
 # The one source of the layout is cookiecutter.json's _lustre_layout (private: not asked).
 LUSTRE_LAYOUT = ANSWERS["_lustre_layout"]
 
@@ -54,7 +104,20 @@ def unchosen_files(answers: dict) -> list[str]:
         if chosen == KEEPS_ALL.get(key):
             continue
         drop += [path for choice, paths in files.items() if choice != chosen for path in paths]
-    return drop
+    return drop + unused_parts(answers)
+
+
+def unused_parts(answers: dict) -> list[str]:
+    """Paths of the parts the workload does not use (a .cruft.json from before the answer
+    existed has none: all)."""
+    kept = WORKLOADS[answers.get("workload", "all")]
+    package = answers["package_name"]
+    return [
+        path.format(package=package)
+        for part, paths in WORKLOAD_PARTS.items()
+        if part not in kept
+        for path in paths
+    ]
 
 
 def remove_unchosen_files(answers: dict) -> None:

@@ -28,7 +28,8 @@ sys.path.append(str(TEMPLATE_DIR))
 pytest_plugins = ["slurm.fixtures"]
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
-# and uenv part x {srun, torchrun}; ci github (default), gitlab and none.
+# and uenv part x {srun, torchrun}; ci github (default), gitlab and none; workload all (every
+# configuration but one) and program.
 CONFIGS: dict[str, dict[str, str | bool]] = {
     # --no-input defaults: clariden, container, ngc, srun, ci=github, git_init=true
     "default": {},
@@ -61,6 +62,14 @@ CONFIGS: dict[str, dict[str, str | bool]] = {
         "launcher": "torchrun",
         "cluster": "daint",
         "account": "g34",
+        "git_init": False,
+    },
+    # workload=program (no training package) with both flavours (its two job scripts and the
+    # container and uenv pages), srun, GitHub CI, no account
+    "program": {
+        "workload": "program",
+        "env_flavour": "both",
+        "cluster": "santis",
         "git_init": False,
     },
 }

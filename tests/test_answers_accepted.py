@@ -129,7 +129,9 @@ def test_prompt_count_per_flavour(tmp_path, flavour, number):
     asked = re.findall(r"\[(\d+)/(\d+)\]", proc.stdout)
     total = len(VISIBLE_QUESTIONS)
     assert [int(i) for i, n in asked if int(n) == total] == list(range(1, total + 1))
-    assert total == 19  # the image tags are `__` settings, not asked
+    assert total == 20  # the image tags are `__` settings, not asked
+    # the workload's prompt says what each choice brings
+    assert "all: the training package" in proc.stdout and "program: your own program" in proc.stdout
     doc = (tmp_path / "out" / "alps-torch-project" / "docs" / "answers.md").read_text()
     assert f"| `env_flavour` | {flavour} |" in doc
 

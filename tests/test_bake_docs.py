@@ -104,12 +104,18 @@ def test_docs_index_links_every_page(baked):
 def test_readme_local_section_is_one_path(baked):
     """The README's local set-up is setup_venv.sh --here (dev extras, the venv the demo and the
     E2E tests build) and the dataset goes where docs/training.md puts it."""
-    _, path = baked
+    name, path = baked
     readme = (path / "README.md").read_text()
     local = readme.split("## Run it locally", 1)[1].split("\n## ", 1)[0]
     assert re.search(r"scripts/setup_venv\.sh \w+ --here && \. \.venv-\w+/bin/activate", local)
     assert local.count("pip install") == 1  # torch itself, where python3 has none
     assert "python -m venv" not in local
+    if answers(name)["workload"] == "program":  # no dataset, no training package
+        assert "doctor --device cpu" in local and "python -m pytest" in local
+        return
+    if answers(name)["workload"] == "program":  # no dataset, no training package
+        assert "doctor --device cpu" in local and "python -m pytest" in local
+        return
     training = (path / "docs" / "training.md").read_text()
     assert "--out data/stdlib-bytes" in local and "--out data/stdlib-bytes" in training
     assert "runs/stdlib-bytes" not in readme

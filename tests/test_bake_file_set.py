@@ -3,6 +3,7 @@ all of them rendered and valid; regenerating adds nothing."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -17,10 +18,16 @@ def test_exact_file_set(baked, post_gen_hook):
     package = path.name.replace("-", "_")
     files = generated_files(path)
     everything = template_files(package)
-    dropped = under(everything, post_gen_hook.unchosen_files(answers(name)))
+    a = answers(name) | {"package_name": package}  # as rendered
+    dropped = under(everything, post_gen_hook.unchosen_files(a))
     assert files == everything - dropped
+    # each part of the package is there exactly when the workload keeps it
+    for part, paths in post_gen_hook.WORKLOAD_PARTS.items():
+        wanted = part in post_gen_hook.WORKLOADS[a["workload"]]
+        paths = [p.format(package=package) for p in paths]
+        assert under(everything, paths) and (under(everything, paths) <= files) == wanted, part
+        assert bool(under(files, paths)) == wanted, part
     # each optional file is there exactly when its answer chose it
-    a = answers(name)
     for key, choices in post_gen_hook.OPTIONAL_FILES.items():
         for choice, paths in choices.items():
             wanted = a[key] in (choice, post_gen_hook.KEEPS_ALL.get(key))
@@ -31,7 +38,7 @@ def test_exact_file_set(baked, post_gen_hook):
         "pyproject.toml",
         ".gitignore",
         "docs/answers.md",
-        "configs/default.toml",
+        "docs/your-program.md",
         "scripts/setup_venv.sh",
         "scripts/stripe_lustre.sh",
         "jobs/common.sh",
@@ -39,6 +46,20 @@ def test_exact_file_set(baked, post_gen_hook):
         f"src/{package}/__main__.py",
     ):
         assert always in files
+
+
+def test_a_workload_keeps_every_file_of_a_part_or_none(post_gen_hook):
+    """Every path of WORKLOAD_PARTS is a file or folder of the template, the default workload
+    (`all`) keeps every part, and each workload of cookiecutter.json has a row."""
+    everything = template_files("pkg")
+    for part, paths in post_gen_hook.WORKLOAD_PARTS.items():
+        for path in paths:
+            assert under(everything, [path.format(package="pkg")]), (part, path)
+    choices = answers("default")
+    assert choices["workload"] == "all"
+    assert set(post_gen_hook.WORKLOADS["all"]) == set(post_gen_hook.WORKLOAD_PARTS)
+    listed = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text())["workload"]
+    assert list(post_gen_hook.WORKLOADS) == listed
 
 
 def test_design_lists_the_optional_files(post_gen_hook):
@@ -54,6 +75,19 @@ def test_design_lists_the_optional_files(post_gen_hook):
             assert len(row) == 1, f"DESIGN.md needs one row for {key}={choice}"
             listed = set(re.findall(r"`([^`]+)`", row[0].split(" | ")[0]))
             assert {p.rstrip("/") for p in listed} == set(paths), (key, choice)
+    # the training part's configs and pages, in the rows marked workload=all
+    listed = {
+        name.rstrip("/")
+        for row in rows
+        if "| workload=all |" in row
+        for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])
+    }
+    outside_package = [
+        path
+        for path in post_gen_hook.WORKLOAD_PARTS["training"]
+        if not path.startswith(("src/", "tests/"))
+    ]
+    assert set(outside_package) <= listed, set(outside_package) - listed
 
 
 # Openers are what an unrendered template leaves behind; closers alone ("%}", "}}") occur in

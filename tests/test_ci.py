@@ -15,6 +15,8 @@ import yaml
 from conftest import answers, git_copy, run
 
 CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu torch torchvision"
+# workload=program has no image model: torch alone
+CPU_INDEX_PROGRAM = "--index-url https://download.pytorch.org/whl/cpu torch"
 
 
 def github_commands(repo) -> list[str]:
@@ -33,13 +35,18 @@ def gitlab_commands(repo) -> list[str]:
 
 @pytest.mark.parametrize(
     ("name", "reader"),
-    [("default", github_commands), ("both-extended-srun", gitlab_commands)],
+    [
+        ("default", github_commands),
+        ("both-extended-srun", gitlab_commands),
+        ("program", github_commands),
+    ],
 )
 def test_ci_files_parse_and_match(bake, name, reader):
     repo = bake(name)
     commands = reader(repo)
+    index = CPU_INDEX_PROGRAM if answers(name)["workload"] == "program" else CPU_INDEX
     assert commands == [
-        f"python -m pip install {CPU_INDEX}",
+        f"python -m pip install {index}",
         "python -m pip install -e '.[dev]'",
         "python -m pytest",
         commands[3],

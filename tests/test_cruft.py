@@ -154,6 +154,9 @@ def test_update_brings_template_change_and_keeps_user_edits(
     else:
         assert not (project / ".git").exists()
         assert CRUFT_JSON_NOTE not in created.stdout
+        # a repository generated before the template asked `workload`: none recorded
+        del state["context"]["cookiecutter"]["workload"]
+        (project / ".cruft.json").write_text(json.dumps(state, indent=2) + "\n")
         git(project, env, "init", "--quiet", "--initial-branch=main")
         git(project, env, "add", "--all")
         git(project, env, "commit", "--quiet", "--no-verify", "-m", "Generated with cruft")
@@ -196,6 +199,12 @@ def test_update_brings_template_change_and_keeps_user_edits(
     }
     if flavour == "uenv":
         assert not (project / "Dockerfile").exists()  # unchosen flavour stays removed
+    # the repository without a recorded workload is `all` now, with every file it had
+    state = json.loads((project / ".cruft.json").read_text())
+    assert state["context"]["cookiecutter"]["workload"] == "all"
+    assert (project / "configs" / "default.toml").is_file() and (
+        project / "docs/training.md"
+    ).is_file()
 
     assert cruft(project, env, "check").returncode == 0
     assert json.loads((project / ".cruft.json").read_text())["commit"] == git(

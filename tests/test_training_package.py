@@ -121,16 +121,32 @@ def test_the_docs_list_every_key_of_the_shipped_models(repo, package):
     assert docs.split(begin, 1)[1].split("<!-- end -->", 1)[0].strip() == keys.strip()
 
 
+def every_bakes_tests(repo: Path, post_gen_hook) -> list[str]:
+    """The generated test files every workload keeps (the hook's table: in no part), but
+    test_layout.py, which differs by workload: tests/test_bake_program.py runs them in the
+    program bake, where they are the whole suite."""
+    in_parts = {p for paths in post_gen_hook.WORKLOAD_PARTS.values() for p in paths}
+    return sorted(
+        f"tests/{p.name}"
+        for p in (repo / "tests").glob("test_*.py")
+        if f"tests/{p.stem}.py" not in in_parts and p.name != "test_layout.py"
+    )
+
+
 @pytest.mark.timeout(1600)  # above the run's own limit below
-def test_generated_test_suite_passes(repo):
+def test_generated_test_suite_passes(repo, post_gen_hook):
+    shared = every_bakes_tests(repo, post_gen_hook)
+    assert "tests/test_doctor.py" in shared and "tests/test_train.py" not in shared
     proc = run(
-        # all of them (the package's tests and the Alps linter's), on two xdist workers that
-        # each take whole files (a file's tests keep their order and module fixtures): 6 minutes
-        # on an idle 2-core machine where one process took 9.5, and no core idles once the
-        # template's other tests are done. A user runs plain `python -m pytest` in one process;
-        # both ways pass (checked by hand when this changed: 552 passed in one process)
+        # the package's tests, on two xdist workers that each take whole files (a file's tests
+        # keep their order and module fixtures): 6 minutes on an idle 2-core machine where one
+        # process took 9.5, and no core idles once the template's other tests are done. A user
+        # runs plain `python -m pytest` in one process; both ways pass (checked by hand when
+        # this changed: 552 passed in one process). The tests every bake shares (the doctor,
+        # the launcher, the lock, the linter) run in the program bake only
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-        + ["-n", "2", "--dist", "loadfile"],
+        + ["-n", "2", "--dist", "loadfile"]
+        + [f"--ignore={path}" for path in shared],
         cwd=repo,
         env=package_env(repo),
         # with two CPU hogs beside the whole template suite it passed 600 s in one process

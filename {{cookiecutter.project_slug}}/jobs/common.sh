@@ -38,6 +38,13 @@ if [[ "${1:-}" == -- ]]; then
     program=("$@")
     own=1
 fi
+{%- if cookiecutter.workload == "program" %}
+# This repository has no training package (workload=program): a job runs your command only.
+if [[ ${own} == 0 ]]; then
+    echo "error: this repository runs your own program: sbatch jobs/train_${FLAVOUR}.sbatch -- COMMAND [ARGS...] (docs/your-program.md)" >&2
+    exit 2
+fi
+{%- endif %}
 # RESUME_ARGS: words appended to your command on every start of a run that started before (a
 # requeue, or the same line submitted again; e.g. "--restart auto" for metatrain). Appended as
 # plain words, not through a shell: quotes, $, ; and the like are refused.

@@ -7,18 +7,22 @@ modules, and no folder holding more than a fifth of the package."""
 from __future__ import annotations
 
 import ast
+{%- if cookiecutter.workload != "program" %}
 import io
 import keyword
 import re
 import tokenize
+{%- endif %}
 from pathlib import Path
 
 from conftest import PACKAGE, REPO
+{%- if cookiecutter.workload != "program" %}
 
 from {{ cookiecutter.package_name }}.commands import COMMANDS
 from {{ cookiecutter.package_name }}.data.kinds import KIND_MODULES
 from {{ cookiecutter.package_name }}.make_dataset.sources import SOURCE_MODULES
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
+{%- endif %}
 
 SRC = REPO / "src" / PACKAGE
 TRAINING_MD = REPO / "docs" / "training.md"
@@ -95,6 +99,34 @@ def test_no_import_cycle():
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The modules every bake has (the package of the `program` workload): the command line, the
+# doctor, and the launcher of your own program with the run directory's lock, preemption and
+# requeue. The `all` workload adds the training package (docs/training.md's module map).
+WORKLOAD = "{{ cookiecutter.workload }}"
+PROGRAM_MODULES = {
+    *("", "__main__", "cli", "commands", "commands.doctor", "config_keys", "distributed"),
+    *("doctor", "doctor.bandwidth", "doctor.checks", "doctor.nodes", "doctor.preflight"),
+    *("doctor.storage", "doctor.vision"),
+    *("run", "run.atomic", "run.interrupts", "run.lock", "run.preemption", "run.program"),
+    *("run.rundir", "run.torchrun"),
+}
+
+
+def test_the_bake_has_its_workloads_modules():
+    found = set(modules())
+    assert PROGRAM_MODULES <= found, f"missing: {sorted(PROGRAM_MODULES - found)}"
+    if WORKLOAD == "program":
+        assert found == PROGRAM_MODULES, f"not the program's: {sorted(found - PROGRAM_MODULES)}"
+
+
+def test_the_modules_every_bake_has_import_only_each_other():
+    """Also inside functions: the `program` bake, which has only these, must import."""
+    graph = import_graph()
+    outside = {(a, b) for a in PROGRAM_MODULES for b in graph[a] if b not in PROGRAM_MODULES}
+    assert not outside, sorted(outside)
+{%- if cookiecutter.workload != "program" %}
 
 
 def documented_layers() -> list[set[str]]:
@@ -372,3 +404,4 @@ def test_no_model_tells_a_batch_by_its_form():
     assert not checks, checks
     before = "def loss(model, batch):\n    if isinstance(batch, dict):\n        return 0\n"
     assert batch_form_checks(before) == ["isinstance(batch, dict)"]
+{%- endif %}

@@ -21,7 +21,6 @@ from contextlib import contextmanager, nullcontext
 from .commands import COMMANDS, PROG, commands_parser, parse
 from .config_keys import ConfigError, first_line
 from .run.rundir import RunDirError, os_error_text
-from .telemetry.tracking import TrackerError
 
 log = logging.getLogger(__package__)
 
@@ -61,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv and argv[0] in ("-h", "--help"):  # every command's line of help; argparse exits
         commands_parser().parse_args(argv)
+    if (not argv or argv[0] not in COMMANDS) and "train" not in COMMANDS:
+        # a repository without the training package (workload=program): nothing to default to
+        print(f"{PROG}: error: name a command: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     if not argv or argv[0] not in COMMANDS:
         argv.insert(0, "train")  # `python -m <pkg> --config ... key=value` trains
     name, command = argv[0], COMMANDS[argv[0]]
@@ -93,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         if err.shown:  # rank 0's line; the other ranks exit with the same status
             log.error("%s", err)
         return err.exit_code  # 4
-    except (RunDirError, TrackerError, *loaded("distributed.LaunchError")) as err:
+    # (telemetry/ named by its string: a bake without the training package has none)
+    except (
+        RunDirError,
+        *loaded("telemetry.tracking.TrackerError", "distributed.LaunchError"),
+    ) as err:
         print(f"{PROG} {name}: error: {err}", file=sys.stderr)
         return 1
     except (RuntimeError, OSError, ValueError) as err:

@@ -52,11 +52,14 @@ class Command:
 COMMANDS = {
     command.name: command
     for command in (
+        {%- if cookiecutter.workload != "program" %}
         Command("train", "train, or resume from the newest checkpoint (default)"),
         Command("benchmark", "time the training step against a bare loop (JSON)"),
+        {%- endif %}
         Command(
             "doctor", "check this node's environment, then all-reduce bandwidth", own_parser=True
         ),
+        {%- if cookiecutter.workload != "program" %}
         Command("make-dataset", "write a dataset directory", writes_files=True),
         Command("train-tokenizer", "train a byte-level BPE tokenizer on text", writes_files=True),
         Command("generate", "sample text from a run's newest checkpoint"),
@@ -72,13 +75,19 @@ COMMANDS = {
         Command("plot", "PNG of loss and throughput from metrics.jsonl"),
         Command("compare", "runs side by side: one table, one PNG"),
         Command("keys", "every config key of every registered model (markdown table)"),
+        {%- endif %}
     )
 }
 
 
 def commands_parser() -> argparse.ArgumentParser:
     """`python -m <pkg> --help`: every command with its line of help, none of their arguments."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Training on CPU or GPU.")
+    {%- if cookiecutter.workload == "program" %}
+    description = "The job scripts' preflight check (your own program runs through them)."
+    {%- else %}
+    description = "Training on CPU or GPU."
+    {%- endif %}
+    parser = argparse.ArgumentParser(prog=PROG, description=description)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     for command in COMMANDS.values():
         sub.add_parser(command.name, help=command.help)
