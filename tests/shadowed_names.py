@@ -29,11 +29,13 @@ BEGIN, END = "# BEGIN derived by tests/shadowed_names.py", "# END derived"
 
 def package_requirements() -> list[Requirement]:
     """The generated pyproject's dependencies and every extra's, as Requirements (torch first).
-    Read as text: the file is a Jinja template, but these two tables hold no Jinja."""
+    Read as text: the file is a Jinja template; its tags (which workload keeps an extra) are
+    dropped, so that the names are every workload's together."""
     text = PYPROJECT.read_text(encoding="utf-8")
     requirements = []
     for table in ("dependencies = [", "[project.optional-dependencies]"):
         block = text.split(table, 1)[1].split("\n[", 1)[0].split("\n]", 1)[0]
+        block = re.sub(r"{%.*?%}", "", block)  # a tag quotes a workload's name, not a package
         block = re.sub(r"#.*", "", block)  # comments may quote names too
         requirements += [Requirement(r) for r in re.findall(r'"([^"]+)"', block)]
     return [r for r in requirements if not r.marker or r.marker.evaluate()]

@@ -179,8 +179,8 @@ def test_job_script_passes_dataset_only_when_the_user_set_it(fake_job, tmp_path)
 
 def test_job_script_requeues_on_its_own_requeue_marker_only(fake_job, tmp_path):
     """The step's status may be another task's (one that --kill-on-bad-exit ended, or plain
-    torchrun's 1): the REQUEUE marker written during the step requeues the job; a marker that was there before (another job's, on a run directory whose
-    LOCK refused this one) does not."""
+    torchrun's 1): the REQUEUE marker written during the step requeues the job; a marker that
+    was there before (another job's, on a run directory whose LOCK refused this one) does not."""
     marker = tmp_path / "scratch" / "alps-torch-project" / "runs" / "alps-torch-project" / "REQUEUE"
     proc, calls = fake_job(FAKE_SRUN_STATUS="1", FAKE_MARKER=str(marker))
     assert proc.returncode == 0 and calls[1:] == [["scontrol", "requeue", "42"]], proc.stderr
