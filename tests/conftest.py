@@ -140,6 +140,22 @@ def run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True, **k
     return proc
 
 
+def assert_generated_suite_passes(repo: Path, *options: str, timeout: float) -> None:
+    """A bake's own test suite passes, on two xdist workers that each take whole files (a
+    file's tests keep their order and module fixtures; no core idles once the template's other
+    tests are done). A user runs plain `python -m pytest` in one process; both ways pass."""
+    proc = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        + ["-n", "2", "--dist", "loadfile", *options],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
 # Left out of the copies: artefacts other tests may have created in the shared baked repos.
 COPY_IGNORE = shutil.ignore_patterns(
     ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "runs"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from baked_files import generated_files
-from conftest import package_env, run
+from conftest import assert_generated_suite_passes, package_env, run
 from fake_slurm import FAKE_SCONTROL, FAKE_SRUN, fake_env
 
 # The package may hold at most this many lines (issue 56: the environment, the job scripts, the
@@ -138,13 +138,4 @@ def test_a_job_without_a_command_says_what_this_repository_runs(repo, package, t
 @pytest.mark.timeout(900)
 def test_generated_test_suite_passes(repo):
     """The whole suite of the program bake (about a minute on 2 workers)."""
-    proc = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-        + ["-n", "2", "--dist", "loadfile"],
-        cwd=repo,
-        env=package_env(repo),
-        timeout=800,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    assert_generated_suite_passes(repo, timeout=800)

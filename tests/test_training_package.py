@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import package_env, run
+from conftest import assert_generated_suite_passes, package_env, run
 
 
 @pytest.fixture(scope="module")
@@ -137,24 +137,11 @@ def every_bakes_tests(repo: Path, post_gen_hook) -> list[str]:
 def test_generated_test_suite_passes(repo, post_gen_hook):
     shared = every_bakes_tests(repo, post_gen_hook)
     assert "tests/test_doctor.py" in shared and "tests/test_train.py" not in shared
-    proc = run(
-        # the package's tests, on two xdist workers that each take whole files (a file's tests
-        # keep their order and module fixtures): 6 minutes on an idle 2-core machine where one
-        # process took 9.5, and no core idles once the template's other tests are done. A user
-        # runs plain `python -m pytest` in one process; both ways pass (checked by hand when
-        # this changed: 552 passed in one process). The tests every bake shares (the doctor,
-        # the launcher, the lock, the linter) run in the program bake only
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-        + ["-n", "2", "--dist", "loadfile"]
-        + [f"--ignore={path}" for path in shared],
-        cwd=repo,
-        env=package_env(repo),
-        # with two CPU hogs beside the whole template suite it passed 600 s in one process
-        timeout=1500,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    # 6 minutes on an idle 2-core machine where one process took 9.5 (552 passed in one
+    # process when this changed). The tests every bake shares (the doctor, the launcher, the
+    # lock, the linter) run in the program bake only. With two CPU hogs beside the whole
+    # template suite it passed 600 s in one process
+    assert_generated_suite_passes(repo, *(f"--ignore={path}" for path in shared), timeout=1500)
 
 
 def test_first_example_prepare_data_train_resume_generate(repo, package, tmp_path):

@@ -20,6 +20,12 @@ plain_words() {
     [[ -z "${1:1000}" && "$1" =~ ^[A-Za-z0-9_./=:,+@%\ -]*$ ]]
 }
 
+# True for a whole number of at most 6 ASCII digits (in the C locale, as above).
+small_number() {
+    local LC_ALL=C
+    [[ "$1" =~ ^[0-9]{1,6}$ ]]
+}
+
 # A requeued job appends to its log: one line per start says which start the lines below it are.
 echo "== job ${SLURM_JOB_ID} start $((${SLURM_RESTART_COUNT:-0} + 1)) on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
@@ -76,7 +82,7 @@ export IN_RUN_DIR
 # past the limit the job ends failed, so that a program that exits 3 at once cannot loop. 50: a
 # run chained at a 24-hour time limit goes on for seven weeks; SLURM_RESTART_COUNT counts.
 MAX_REQUEUES="${MAX_REQUEUES:-50}"
-if [[ ! "${MAX_REQUEUES}" =~ ^[0-9]{1,6}$ ]]; then
+if ! small_number "${MAX_REQUEUES}"; then
     echo "error: MAX_REQUEUES=${MAX_REQUEUES@Q}: a number of requeues (0: never requeue)" >&2
     exit 2
 fi
@@ -322,8 +328,8 @@ while :; do
 done
 
 # Exit status 3 (or the REQUEUE marker, which rank 0 writes as it saves: the step's status may be
-# another task's, say one that srun's --kill-on-bad-exit ended) means: the run saved a checkpoint because of the time limit or a preemption signal. Requeue keeps the
-# job id, and the next start resumes from that checkpoint. An older marker is not this job's
+# another task's, say one that srun's --kill-on-bad-exit ended) means: the run saved a checkpoint
+# because of the time limit or a preemption signal. Requeue keeps the job id, and the next start resumes from that checkpoint. An older marker is not this job's
 # (a job refused by another one's LOCK must not requeue itself on that job's marker).
 # Your command: run/program.py leaves the marker when the command ended because of the time
 # limit's warning (killed by it, or exit status 3 after saving), and its tasks exit 0: a task

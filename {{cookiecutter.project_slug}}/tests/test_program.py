@@ -262,6 +262,10 @@ def test_a_script_without_the_execute_bit_is_not_called_missing(tmp_path, monkey
         "./train.sh: not executable: chmod +x ./train.sh, or name its interpreter first "
         "(python ./train.sh, bash ./train.sh)"
     )
+    for name in ("x" * 5000 + ".py", "./" + "x" * 5000):  # too long for a file name
+        with pytest.raises(program.Refused) as refused:
+            program.program_argv([name], None)
+        assert refused.value.status == 127, refused.value
 
 
 def test_the_program_ends_with_the_wrapper(user, tmp_path):
@@ -345,7 +349,8 @@ def test_in_run_dir_the_command_runs_there_and_finds_its_own_files(user, tmp_pat
     (tmp_path / "sub").mkdir()
     run_dir = tmp_path / "runs" / "exp"
     rank0 = {**SRUN_TASK, "SLURM_PROCID": "0", "RUN_DIR": str(run_dir), "IN_RUN_DIR": "1"}
-    args = ["options.yaml", "--config=options.yaml", "sub", "missing.yaml", "-"]
+    # a word too long for a file name is a word (Path.is_file raised ENAMETOOLONG)
+    args = ["options.yaml", "--config=options.yaml", "sub", "missing.yaml", "-", "x" * 5000]
     code, err = finish(start("--", "own.py", *args, **rank0))
     assert code == 0, err
     seen = json.loads((out / "seen-0.json").read_text())

@@ -138,10 +138,14 @@ def child_environment(env: Mapping[str, str], torchrun: list[str] | None) -> dic
 
 def in_run_dir(command: list[str], root: Path) -> list[str]:
     """IN_RUN_DIR=1: words naming an existing file relative to `root` made absolute (a word that
-    starts with - is an option, never a path: write `--config options.yaml`, not `--config=`)."""
+    starts with - is an option, never a path: write `--config options.yaml`, not `--config=`).
+    os.path.isfile, not Path.is_file: a word too long for a file name is a word, not an error."""
     return [
         str(root / word)
-        if word and not word.startswith("-") and not os.path.isabs(word) and (root / word).is_file()
+        if word
+        and not word.startswith("-")
+        and not os.path.isabs(word)
+        and os.path.isfile(root / word)
         else word
         for word in command
     ]
@@ -151,12 +155,12 @@ def program_argv(command: list[str], torchrun: list[str] | None) -> list[str]:
     """What runs: COMMAND, a .py file with this python, torchrun in front of either; or Refused."""
     name = command[0]
     if name.endswith(".py"):
-        if not Path(name).is_file():
+        if not os.path.isfile(name):  # False, not OSError, for a name too long for a file
             raise Refused(
                 f"{name}: no such file (a path from the repository root, where the job runs)",
                 NOT_FOUND_EXIT_CODE,
             )
-    elif os.sep in name and Path(name).is_file() and not os.access(name, os.X_OK):
+    elif os.sep in name and os.path.isfile(name) and not os.access(name, os.X_OK):
         raise Refused(
             f"{name}: not executable: chmod +x {name}, or name its interpreter first "
             f"(python {name}, bash {name})",
