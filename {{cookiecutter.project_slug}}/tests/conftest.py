@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -69,9 +70,19 @@ TIMEOUT_S = 300  # generous: a loaded 2-core machine starts two torch ranks in ~
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for rank 0's store, below the ephemeral range (32768 and up): a port the
+    kernel hands out (bind to 0) may be taken by any outgoing connection before rank 0 listens
+    on it (EADDRINUSE, seen under load), and the job scripts' ports are 15000 to 29999."""
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(30000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port between 30000 and 32767")
 
 
 def clean_env() -> dict[str, str]:
