@@ -50,45 +50,83 @@ KEEPS_ALL = {"env_flavour": "both"}
 # parts it splits off, rows here). tests/test_bake_file_set.py and docs/DESIGN.md are checked
 # against these two tables.
 PKG = "src/{package}"
+
+
+def modules(*names: str) -> list[str]:
+    """Package modules as paths: "models.gpt" -> src/{package}/models/gpt.py."""
+    return [f"{PKG}/{name.replace('.', '/')}.py" for name in names]
+
+
+def tests(names: str) -> list[str]:
+    return [f"tests/{name}.py" for name in names.split()]
+
+
 WORKLOAD_PARTS: dict[str, list[str]] = {
-    # the training package: models, datasets and their writers, the training loop, checkpoints,
-    # exports and every command but the doctor; its configs, docs and tests
+    # the training package every training workload shares: the MLP and the arrays kind, the
+    # training loop, checkpoints, evaluation, the `file` export, plots, the benchmark; its
+    # configs, docs and tests. The language and images parts below plug into its registries.
     "training": [
         "configs",
-        *(f"docs/{page}.md" for page in ("data", "finetune", "profiling", "training")),
-        *(f"docs/{page}.md" for page in ("vision", "your-data", "your-model")),
+        *(f"docs/{page}.md" for page in ("data", "profiling", "training", "your-data")),
+        "docs/your-model.md",
         *(f"{PKG}/{folder}" for folder in ("checkpoint", "config", "data", "make_dataset")),
         *(f"{PKG}/{folder}" for folder in ("models", "telemetry", "training")),
         f"{PKG}/optim.py",
         f"{PKG}/parallel.py",
-        *(
-            f"{PKG}/commands/{command}.py"
-            for command in ("arguments", "benchmark", "compare", "evaluate", "export")
-        ),
-        *(
-            f"{PKG}/commands/{command}.py"
-            for command in ("generate", "keys", "make_dataset", "plot", "train")
-        ),
-        f"{PKG}/commands/train_tokenizer.py",
+        *modules(*(f"commands.{name}" for name in ("arguments", "benchmark", "compare"))),
+        *modules(*(f"commands.{name}" for name in ("evaluate", "export", "keys"))),
+        *modules(*(f"commands.{name}" for name in ("make_dataset", "plot", "train"))),
         # the generated tests of those modules (the other tests are every bake's)
-        *(
-            f"tests/{name}.py"
-            for name in """
-            _ckpt_driver test_augmentation test_benchmark_images test_benchmark_tokens
-            test_chat test_chat_template test_checkpoint test_checkpoint_dcp test_cli
-            test_cli_style test_compare test_config test_config_files test_console test_data
-            test_error_boundary test_evaluate test_generate test_gpt test_hf_data
-            test_hf_export test_hf_gpt2 test_hf_model test_hf_sources test_hostile_data
-            test_image_formats test_images test_init_from test_lora test_non_finite
-            test_preemption test_prefetch test_profiling test_resume test_run_integrity
-            test_rundir test_second_signal test_timm test_tokens test_tracking test_train
+        *tests(
+            """
+            _ckpt_driver test_checkpoint test_checkpoint_dcp test_cli test_cli_style
+            test_compare test_config test_config_files test_console test_data
+            test_error_boundary test_evaluate test_init_from test_non_finite test_preemption
+            test_prefetch test_profiling test_resume test_run_integrity test_rundir
+            test_second_signal test_tracking test_train
+            """
+        ),
+    ],
+    # language models: the GPT, any Hugging Face causal LM, LoRA, token and chat data,
+    # tokenizers, the hf and peft exports, generate and train-tokenizer
+    "language": [
+        "docs/finetune.md",
+        "configs/experiments/finetune-gpt2.toml",
+        "configs/experiments/tiny-wide.toml",
+        *modules("models.gpt", "models.gpt_hf", "models.hf", "models.lora"),
+        *modules("data.tokens", "data.windows", "data.chat", "data.tokenizer"),
+        *modules("data.recorded_tokenizer", "checkpoint.hf_format", "checkpoint.initial_hf"),
+        *modules("checkpoint.lora", "checkpoint.export_hf", "checkpoint.export_peft"),
+        *modules("make_dataset.tokens", "make_dataset.text_files", "make_dataset.hf_datasets"),
+        *modules("make_dataset.chat", "make_dataset.chat_template", "make_dataset.chat_worker"),
+        *modules("make_dataset.tokenizer", "make_dataset.benchmark"),
+        *modules("commands.generate", "commands.train_tokenizer"),
+        *tests(
+            """
+            test_benchmark_tokens test_chat test_chat_template test_generate test_gpt
+            test_hf_data test_hf_export test_hf_gpt2 test_hf_model test_hf_sources
+            test_hostile_data test_lora test_tokens
+            """
+        ),
+    ],
+    # image classifiers: torchvision and timm models, image datasets, augmentation
+    "images": [
+        "docs/vision.md",
+        "configs/experiments/resnet50-images.toml",
+        *modules("models.vision", "models.timm", "data.images", "data.augmentation"),
+        *modules("data.preprocessing", "make_dataset.images", "make_dataset.image_check"),
+        *tests(
+            """
+            test_augmentation test_benchmark_images test_image_formats test_images test_timm
             test_vision test_vision_resume
-            """.split()
+            """
         ),
     ],
 }
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    "all": ("training",),
+    "all": ("training", "language", "images"),
+    "language": ("training", "language"),
+    "images": ("training", "images"),
     "program": (),  # your own program through the job scripts
 }
 

@@ -4,6 +4,7 @@
 {%- set ce = cc.env_flavour != "uenv" %}
 {%- set who = "${SLURM_NODEID}" if torchrun else "${SLURM_PROCID}" %}
 {%- set unit = "node" if torchrun else "rank" %}
+{%- set stdlib = cc.workload != "images" %}  {#- the program bake: never used (own == 1) #}
 # shellcheck disable=SC2154  # FLAVOUR and srun_args come from the job script that sources this
 # The part of the training job that does not depend on the environment: run directory, dataset,
 # preflight, training (the package, or your own command after --) and requeue.
@@ -136,11 +137,18 @@ if [[ -n "${RESUME_ARGS:-}" && -f "${RUN_DIR}/STARTED" ]]; then
     read -r -a resume_args <<< "${RESUME_ARGS}"
     echo "this run started before (${RUN_DIR}/STARTED): RESUME_ARGS appended: ${resume_args[*]}"
 fi
+{%- if stdlib %}
 # Datasets live in DATA_DIR; your own: python -m {{ cc.package_name }} make-dataset --text FILE...
 # --out <DATA_DIR>/NAME. Which one trains: DATASET=... in the job's environment, else the config
 # file's `dataset`, else the jobs' default, the Python standard library's sources as byte tokens
 # (DATA_DIR/stdlib-bytes, made on first use: it needs no download). The run's first lines say
 # where each setting came from.
+{%- elif cc.workload != "program" %}
+# Datasets live in DATA_DIR; your own: python -m {{ cc.package_name }} make-dataset --images DIR
+# --out <DATA_DIR>/NAME. Which one trains: DATASET=... in the job's environment, else the config
+# file's `dataset`, else synthetic images (the package's default: a first job that measures the
+# speed). The run's first lines say where each setting came from.
+{%- endif %}
 {%- if ce %}
 # A container job's EDF mounts DATA_DIR into the container: keep your datasets inside it.
 {%- endif %}
@@ -149,8 +157,13 @@ if [[ -n "${DATASET:-}" ]]; then
     dataset_args=("dataset=${DATASET}")
     echo "dataset=${DATASET}: from DATASET in the job's environment (over the config file's)"
 else
+{%- if stdlib %}
     DATASET="${DATA_DIR}/stdlib-bytes"
     dataset_args=(--job-default "dataset=${DATASET}")  # below every config file's value
+{%- else %}
+    DATASET=synthetic  # the config file's, else the package's default
+    dataset_args=()
+{%- endif %}
 fi
 CONFIG="${CONFIG:-configs/default.toml}"
 if [[ ${own} == 0 && ! -f "${CONFIG}" ]]; then
@@ -176,9 +189,12 @@ export MPICH_GPU_SUPPORT_ENABLED=0        # GPU-aware Cray MPICH next to NCCL ca
 export PYTHONUNBUFFERED=1
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"   # NCCL_DEBUG=INFO sbatch ... should print "Using network AWS Libfabric"
 
+{%- if stdlib %}
+
 # One task runs `python -m {{ cc.package_name }} ARGS` in the venv (the venv is activated inside srun).
 # shellcheck disable=SC2016  # expanded by each task's bash, not here
 one_task='source "${VENV}/bin/activate" && exec python -m {{ cc.package_name }} "$@"'
+{%- endif %}
 {%- if torchrun %}
 # torchrun forwards these signals to its workers (torch >= 2.9, its --signals-to-handle option,
 # read from PET_SIGNALS_TO_HANDLE; TORCHELASTIC_SIGNALS_TO_HANDLE is overwritten by the launcher).
@@ -248,6 +264,8 @@ profiler='profile=(); if [[ "${NSYS}" == all || ( "${NSYS}" == 1 && "{{ who }}" 
     command -v nsys >/dev/null || { echo "error: NSYS=${NSYS}: nsys is not in the job environment" >&2; exit 2; }
     profile=(nsys profile --trace=cuda,nvtx,osrt --output="${NSYS_DIR}/${SLURM_JOB_ID}-{{ unit }}{{ who }}"); fi; '
 
+{%- if stdlib %}
+
 # The dataset, once: make-dataset writes to a temporary directory and renames it, so jobs that
 # start together cannot leave a half-written one. Only the default stdlib-bytes is made here (also
 # when your config file names another: a job script cannot read TOML; it takes a minute, once): a
@@ -261,6 +279,14 @@ if [[ ${own} == 0 && "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]
     srun "${srun_args[@]}" --nodes=1 --ntasks=1 bash -c "${one_task}" bash \
         make-dataset --stdlib --out "${DATASET}"
 fi
+{%- else %}
+
+# A missing dataset of yours is an error before any step starts.
+if [[ ${own} == 0 && "${DATASET}" != synthetic && ! -f "${DATASET}/index.json" ]]; then
+    echo "error: DATASET=${DATASET} has no index.json: make it with python -m {{ cc.package_name }} make-dataset --images DIR --out ${DATASET}" >&2
+    exit 2
+fi
+{%- endif %}
 
 # Your command: that it is there and that no other job holds RUN_DIR, on one task (cheap, before
 # the doctor's minute).

@@ -107,7 +107,7 @@ fi
 python3 -m venv --system-site-packages "${venv}"
 # Pin pip to the environment's own torch (NGC builds such as 2.8.0a0+...nv25.06 are not on PyPI)
 # and, where the environment has it, its torchvision (built against that torch): pip then cannot
-# replace either with a generic wheel from PyPI (`pip install -e '.[{{ "dev" if cookiecutter.workload == "program" else "vision" }}]'` included).
+# replace either with a generic wheel from PyPI (`pip install -e '.[{{ {"program": "dev", "language": "hf"}.get(cookiecutter.workload, "vision") }}]'` included).
 # The installed distribution's version is what pip compares with (and reading it imports nothing).
 "${venv}/bin/python" - > "${venv}/torch-constraint.txt" <<'PY'
 import importlib
@@ -124,7 +124,7 @@ for name in ("torch", "torchvision"):
                 raise
 PY
 # The venv's own pip.conf keeps these pins for every later `pip install` in it (an extra such as
-# '.[{{ "dev" if cookiecutter.workload == "program" else "timm" }}]' included), not only this one. As a file: URL, percent-encoded: pip splits a
+# '.[{{ {"program": "dev", "language": "lora"}.get(cookiecutter.workload, "timm") }}]' included), not only this one. As a file: URL, percent-encoded: pip splits a
 # config value at whitespace, and the project's path may hold a space.
 "${venv}/bin/python" - "${venv}" > "${venv}/pip.conf" <<'PY'
 import pathlib

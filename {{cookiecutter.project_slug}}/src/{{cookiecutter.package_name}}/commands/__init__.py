@@ -61,12 +61,16 @@ COMMANDS = {
         ),
         {%- if cookiecutter.workload != "program" %}
         Command("make-dataset", "write a dataset directory", writes_files=True),
+        {%- if cookiecutter.workload in ["all", "language"] %}
         Command("train-tokenizer", "train a byte-level BPE tokenizer on text", writes_files=True),
         Command("generate", "sample text from a run's newest checkpoint"),
         Command(
             "evaluate",
             "loss, bits per token and perplexity of a run or a Hugging Face dir (JSON)",
         ),
+        {%- else %}
+        Command("evaluate", "loss and accuracy of a run's newest checkpoint (JSON)"),
+        {%- endif %}
         Command(
             "export",
             "the model of a run's newest checkpoint: one file, or a Hugging Face dir",

@@ -24,10 +24,16 @@ from .directory import INDEX_FILE, DatasetError, file_sha256, json_error, read_j
 from .info import DatasetKind, Splits
 
 KIND_MODULES = (
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "tokens",  # token shards for language models (make-dataset --stdlib/--text/--tokens/--hf)
+    {%- endif %}
     "arrays",  # feature vectors and labels for the classifier example (make-dataset --x/--y)
+    {%- if cookiecutter.workload in ["all", "images"] %}
     "images",  # encoded images packed into shards for vision models (make-dataset --images)
+    {%- endif %}
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "chat",  # conversations with a loss mask on the answers, packed (make-dataset --chat)
+    {%- endif %}
 )
 
 

@@ -20,10 +20,16 @@ from typing import Any
 from ..config_keys import integer_option
 
 SOURCE_MODULES = (
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "text_files",  # --stdlib, --text (byte tokens), --tokens (ids from any tokenizer)
     "hf_datasets",  # --hf: Hugging Face datasets and tokenizers (the [data] extra)
+    {%- endif %}
+    {%- if cookiecutter.workload in ["all", "images"] %}
     "images",  # --images: an ImageFolder packed into shards (the [vision] extra)
+    {%- endif %}
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "chat",  # --chat: conversations rendered with a chat template (the [hf] extra)
+    {%- endif %}
     "arrays",  # --x --y: the classifier's arrays, or synthetic ones (no source named)
 )
 DEFAULT_SOURCE = "--x"  # make-dataset --out DIR alone: synthetic arrays for model=mlp

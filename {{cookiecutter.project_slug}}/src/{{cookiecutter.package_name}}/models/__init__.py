@@ -10,13 +10,23 @@ from dataclasses import dataclass
 from ..config_keys import ConfigError, Key, key, load_registry, owned_keys
 from .spec import ModelSpec
 
+{%- if cookiecutter.workload in ["all", "language"] %}
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
+{%- elif cookiecutter.workload == "images" %}
+DEFAULT_MODEL = "vision"  # the `model` config key's default
+{%- endif %}
 MODEL_MODULES = (
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "gpt",  # a GPT-2 style language model (the default)
+    {%- endif %}
     "mlp",  # the minimal classifier example
+    {%- if cookiecutter.workload in ["all", "language"] %}
     "hf",  # any transformers causal LM from a directory (hf_model=DIR; the [hf] extra)
+    {%- endif %}
+    {%- if cookiecutter.workload in ["all", "images"] %}
     "vision",  # any torchvision classifier by name (vision_model=resnet50; the [vision] extra)
     "timm",  # any timm classifier by name (timm_model=convnext_tiny; the [timm] extra)
+    {%- endif %}
 )
 
 
