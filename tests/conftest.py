@@ -29,7 +29,7 @@ pytest_plugins = ["slurm.fixtures"]
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
 # and uenv part x {srun, torchrun}; ci github (default), gitlab and none; workload all (every
-# configuration but one) and program.
+# configuration but three), language, images and program.
 CONFIGS: dict[str, dict[str, str | bool]] = {
     # --no-input defaults: clariden, container, ngc, srun, ci=github, git_init=true
     "default": {},
@@ -62,6 +62,21 @@ CONFIGS: dict[str, dict[str, str | bool]] = {
         "launcher": "torchrun",
         "cluster": "daint",
         "account": "g34",
+        "git_init": False,
+    },
+    # workload=language and workload=images, each with both flavours (their job scripts differ:
+    # an images job's default dataset is synthetic, a language job's stdlib-bytes)
+    "language": {
+        "workload": "language",
+        "env_flavour": "both",
+        "launcher": "torchrun",
+        "ci": "gitlab",
+        "git_init": False,
+    },
+    "images": {
+        "workload": "images",
+        "env_flavour": "both",
+        "cluster": "daint",
         "git_init": False,
     },
     # workload=program (no training package) with both flavours (its two job scripts and the

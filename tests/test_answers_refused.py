@@ -135,13 +135,13 @@ def test_all_errors_reported_at_once(tmp_path):
         "error: time_limit",
         "error: account",
     }
-    # workload=images: a workload this template version does not offer (yet)
+    # workload=audio: a workload this template version does not offer (yet)
     proc = cookiecutter(
-        tmp_path / "out", cluster="Daint", ci="GitLab", git_init="maybe", workload="images"
+        tmp_path / "out", cluster="Daint", ci="GitLab", git_init="maybe", workload="audio"
     )
     errors = [x.split(" = ")[0] for x in proc.stderr.splitlines() if x.startswith("error: ")]
     assert errors == ["error: cluster", "error: ci", "error: git_init", "error: workload"]
-    assert "expected one of all, program" in proc.stderr
+    assert "expected one of all, language, images, program" in proc.stderr
     assert leftovers(tmp_path) == []
 
 
@@ -249,12 +249,12 @@ def test_the_pre_generation_hook_takes_its_choices_from_cookiecutter_json(hooks)
     context = generate_context(TEMPLATE_DIR / "cookiecutter.json")
     replayed = {
         **prompt_for_config(context, no_input=True),
-        **{"cluster": "eiger", "ci": "jenkins", "workload": "images"},
+        **{"cluster": "eiger", "ci": "jenkins", "workload": "audio"},
     }
     assert sorted(pre_gen.validate(replayed)) == [
         "ci = 'jenkins' is invalid: expected one of github, gitlab, none",
         "cluster = 'eiger' is invalid: expected one of clariden, daint, santis",
-        "workload = 'images' is invalid: expected one of all, program",
+        "workload = 'audio' is invalid: expected one of all, language, images, program",
     ]
 
 

@@ -1,5 +1,7 @@
-"""The generated training package: its own test suite passes, and the commands a user runs
-first work (train with the default config, benchmark prints its JSON line)."""
+"""The generated training package (the default bake, workload=all): its layout, the tests of its
+shared training part pass, and the commands a user runs first work (a config error's status,
+the benchmark prints its JSON line). The README's first example runs in the language bake
+(tests/test_bake_language.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_generated_suite_passes, package_env, run
+from workload_bakes import part_tests
 
 
 @pytest.fixture(scope="module")
@@ -121,88 +124,17 @@ def test_the_docs_list_every_key_of_the_shipped_models(repo, package):
     assert docs.split(begin, 1)[1].split("<!-- end -->", 1)[0].strip() == keys.strip()
 
 
-def every_bakes_tests(repo: Path, post_gen_hook) -> list[str]:
-    """The generated test files every workload keeps (the hook's table: in no part), but
-    test_layout.py, which differs by workload: tests/test_bake_program.py runs them in the
-    program bake, where they are the whole suite."""
-    in_parts = {p for paths in post_gen_hook.WORKLOAD_PARTS.values() for p in paths}
-    return sorted(
-        f"tests/{p.name}"
-        for p in (repo / "tests").glob("test_*.py")
-        if f"tests/{p.stem}.py" not in in_parts and p.name != "test_layout.py"
-    )
-
-
 @pytest.mark.timeout(1600)  # above the run's own limit below
 def test_generated_test_suite_passes(repo, post_gen_hook):
-    shared = every_bakes_tests(repo, post_gen_hook)
-    assert "tests/test_doctor.py" in shared and "tests/test_train.py" not in shared
+    """The tests of the training part, and the layout test of the union; the tests every bake
+    shares (the doctor, the launcher, the lock, the linter) run in the program bake, the
+    language part's in the language bake and the images part's in the images bake
+    (tests/test_bake_program.py, test_bake_language.py, test_bake_images.py): each once."""
+    training = part_tests(repo, post_gen_hook, "training")
+    assert "tests/test_train.py" in training and "tests/test_gpt.py" not in training
     # 6 minutes on an idle 2-core machine where one process took 9.5 (552 passed in one
-    # process when this changed). The tests every bake shares (the doctor, the launcher, the
-    # lock, the linter) run in the program bake only. With two CPU hogs beside the whole
-    # template suite it passed 600 s in one process
-    assert_generated_suite_passes(repo, *(f"--ignore={path}" for path in shared), timeout=1500)
-
-
-def test_first_example_prepare_data_train_resume_generate(repo, package, tmp_path):
-    """The README's first example on CPU: the standard library as byte tokens, the tiny GPT,
-    the same command again (resumes), then text sampled from the checkpoint."""
-    data = tmp_path / "stdlib-bytes"
-    env = package_env(repo)
-    made = run(
-        [sys.executable, "-m", package, "make-dataset", "--stdlib", "--out", str(data)],
-        cwd=repo,
-        env=env,
-        timeout=300,
-    )
-    assert "training and" in made.stdout and (data / "index.json").is_file()
-    run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        package,
-        "--config",
-        "configs/tiny.toml",
-        f"dataset={data}",
-        f"run_dir={run_dir}",
-        "max_steps=20",
-        "log_every=10",
-        "checkpoint_every=10",
-        "eval_every=20",
-    ]
-    first = run(cmd, cwd=repo, env=env, timeout=300)
-    assert "training finished at step 20" in first.stderr
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == [
-        "step-00000010",
-        "step-00000020",
-    ]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 10, 20]  # the first at once
-    assert [r["step"] for r in records if r["kind"] == "eval"] == [20]
-    assert (run_dir / "config.toml").is_file() and not (run_dir / "REQUEUE").exists()
-
-    again = run(cmd, cwd=repo, env=env, timeout=300)  # the same command resumes
-    assert "RESUMING" in again.stderr and "from checkpoint step 20" in again.stderr
-
-    sampled = run(
-        [
-            sys.executable,
-            "-m",
-            package,
-            "generate",
-            f"run_dir={run_dir}",
-            "--prompt",
-            "def ",
-            "--tokens",
-            "50",
-            "--device",
-            "cpu",
-        ],
-        cwd=repo,
-        env=env,
-        timeout=300,
-    )
-    assert sampled.stdout.startswith("def ") and len(sampled.stdout) > 20
+    # process when this changed), before the language and images tests moved to their bakes.
+    assert_generated_suite_passes(repo, *training, "tests/test_layout.py", timeout=1500)
 
 
 def test_config_error_exit_status(repo, package):

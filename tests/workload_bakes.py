@@ -1,0 +1,76 @@
+"""What the tests of the `language` and `images` bakes share (tests/test_bake_language.py,
+tests/test_bake_images.py): a bake of one training workload is complete. Every module of its
+package imports, and importing all of them loads none of the other workload's libraries;
+`python -m <pkg> --help` and each listed command's `--help` answer (in one process: the same
+`cli.main` a user's command line calls); its generated tests collect; its pyproject names none
+of the other workload's libraries."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+from conftest import package_env, run
+
+# Run inside the bake: import every module, then `--help` for the command list and for every
+# command; prints what it found as one JSON line.
+COMPLETE = """
+import contextlib, importlib, io, json, pathlib, sys
+package = sys.argv[1]
+src = pathlib.Path("src") / package
+for path in sorted(src.rglob("*.py")):
+    if path.name != "__main__.py":
+        name = ".".join(path.relative_to("src").with_suffix("").parts)
+        importlib.import_module(name.removesuffix(".__init__"))
+cli = importlib.import_module(package + ".cli")
+commands = importlib.import_module(package + ".commands").COMMANDS
+helps = {}
+for argv in (["--help"], *([name, "--help"] for name in commands)):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            status = cli.main(argv)
+        except SystemExit as exit:
+            status = exit.code
+    helps[" ".join(argv)] = [status, out.getvalue()]
+print(json.dumps({"modules": sorted(sys.modules), "commands": list(commands), "helps": helps}))
+"""
+
+
+def check_complete(repo: Path, absent: tuple[str, ...]) -> list[str]:
+    """Asserts the bake is complete (this module's docstring); returns its command names."""
+    package = repo.name.replace("-", "_")
+    env = package_env(repo)
+    found = json.loads(
+        run([sys.executable, "-c", COMPLETE, package], cwd=repo, env=env, timeout=300).stdout
+    )
+    loaded = {name.split(".")[0] for name in found["modules"]} & set(absent)
+    assert not loaded, f"importing the package loaded {sorted(loaded)}"
+    for argv, (status, text) in found["helps"].items():
+        assert status in (0, None) and text.startswith(f"usage: python -m {package}"), argv
+    listed = found["helps"]["--help"][1]
+    assert "{" + ",".join(found["commands"]) + "}" in listed
+    collected = run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=repo,
+        env=env,
+        timeout=300,
+    )
+    assert " tests collected" in collected.stdout, collected.stdout[-2000:]
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"]]
+    requirements += [r for extra in project["optional-dependencies"].values() for r in extra]
+    named = {r.split(">")[0].split("=")[0].split(";")[0].strip() for r in requirements}
+    assert not named & set(absent), sorted(named & set(absent))
+    return found["commands"]
+
+
+def part_tests(repo: Path, post_gen_hook, part: str) -> list[str]:
+    """The generated test files of one part of the hook's table that the bake holds."""
+    return sorted(
+        path
+        for path in post_gen_hook.WORKLOAD_PARTS[part]
+        if path.startswith("tests/test_") and (repo / path).is_file()
+    )
