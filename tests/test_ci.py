@@ -15,8 +15,8 @@ import yaml
 from conftest import answers, git_copy, run
 
 CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu torch torchvision"
-# workload=program has no image model: torch alone
-CPU_INDEX_PROGRAM = "--index-url https://download.pytorch.org/whl/cpu torch"
+# workload=program and workload=language have no image model: torch alone
+CPU_INDEX_TORCH = "--index-url https://download.pytorch.org/whl/cpu torch"
 
 
 def github_commands(repo) -> list[str]:
@@ -39,12 +39,14 @@ def gitlab_commands(repo) -> list[str]:
         ("default", github_commands),
         ("both-extended-srun", gitlab_commands),
         ("program", github_commands),
+        ("language", gitlab_commands),
+        ("images", github_commands),
     ],
 )
 def test_ci_files_parse_and_match(bake, name, reader):
     repo = bake(name)
     commands = reader(repo)
-    index = CPU_INDEX_PROGRAM if answers(name)["workload"] == "program" else CPU_INDEX
+    index = CPU_INDEX if answers(name)["workload"] in ("all", "images") else CPU_INDEX_TORCH
     assert commands == [
         f"python -m pip install {index}",
         "python -m pip install -e '.[dev]'",

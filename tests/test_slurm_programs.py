@@ -5,10 +5,12 @@ COMMAND ...`), with the page's own files (tests/slurm/jobs.py: page_files, submi
 The jobs run at the same time (one module fixture submits them all, sends each its USR2 when its
 log says it is training, and waits for every one), and each test reads what one of them shows:
 - hello_ddp.py, the page's DDP check (env:// init, an all-reduce, one file per rank), in its run
-  directory (IN_RUN_DIR=1, as the page writes it), with the srun launcher (container flavour, the
-  doctor first) and torchrun (uenv flavour, a CPU allocation of 2 tasks: 2 workers), 1 node x 2;
+  directory (IN_RUN_DIR=1, as the page writes it), with the srun launcher (uenv flavour of the
+  `program` bake, which has no training package: the doctor first) and torchrun (uenv flavour, a
+  CPU allocation of 2 tasks: 2 workers), 1 node x 2;
 - train_images.py, the page's DDP trainer that handles the signal (saves, exit 3): stopped,
-  requeued and resumed, with srun (uenv flavour, USR2 to the job step) and with torchrun
+  requeued and resumed, with srun (the `program` bake's uenv flavour, USR2 to the job step) and
+  with torchrun
   (container flavour, USR2 to the batch shell: `scancel --batch`, as `--signal=B:USR2@T` sends it);
 - metatrain's `mtt train` on one task, which knows nothing of the signal (killed by it; USR2 to
   the batch shell), with the page's ASE dataset: requeued, `--restart auto` appended from
@@ -182,7 +184,8 @@ def drive(slurm, started: dict[str, Job], timeout: float) -> None:
 @pytest.fixture(scope="module")
 def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     """Every job of this module, submitted at once and run to its end."""
-    container, uenv = repo("default", "container"), repo("both-extended-srun", "uenv")
+    # the uenv jobs run in the `program` bake: the environment, job scripts, doctor and run/ alone
+    container, uenv = repo("default", "container"), repo("program", "uenv")
     torchrun_uenv = repo("uenv-torchrun", "uenv")
     torchrun_container = repo("container-extended-torchrun", "container")
     for target in (container, uenv, torchrun_uenv, torchrun_container):
@@ -193,7 +196,7 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
         sub = jobs.submit_line(slurm, target, work / name, line, env, shape, ranks)
         return Job(sub, signal_when, delay_s)
 
-    hello = jobs.page_command(container, "hello_ddp.py")
+    hello = jobs.page_command(uenv, "hello_ddp.py")
     images = jobs.page_command(container, "train_images.py")
     folder = re.search(r'"([^"]*my-images)"', images).group(1)
     for name in ("images-srun", "images-torchrun"):
@@ -201,7 +204,7 @@ def ran(slurm, repo, tmp_path_factory) -> dict[str, Job]:
     saved = r"^\S+ epoch \d+ step \d+: loss .*, saved$"
     started = {
         "hello-srun": submit(
-            "hello-srun", container, hello, SRUN_TWO, DOCTOR="1", DOCTOR_ARGS="--device cpu"
+            "hello-srun", uenv, hello, SRUN_TWO, DOCTOR="1", DOCTOR_ARGS="--device cpu"
         ),
         "hello-torchrun": submit(  # no GPUs: torchrun starts one worker per task asked for
             "hello-torchrun", torchrun_uenv, hello, SRUN_TWO, OMP_NUM_THREADS=None
