@@ -8,7 +8,8 @@ import sys
 import time
 
 import pytest
-from conftest import PACKAGE, REPO, TINY, clean_env, one_line
+from _language import TINY_GPT
+from conftest import PACKAGE, REPO, clean_env, one_line
 
 from {{ cookiecutter.package_name }}.cli import main
 
@@ -17,7 +18,7 @@ from {{ cookiecutter.package_name }}.cli import main
 def run_dir(tmp_path_factory):
     """A GPT trained for two steps on synthetic tokens (vocabulary 256: bytes)."""
     run = tmp_path_factory.mktemp("generate") / "run"
-    args = [*TINY, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
+    args = [*TINY_GPT, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
     assert main(["train", *args]) == 0
     return run
 
