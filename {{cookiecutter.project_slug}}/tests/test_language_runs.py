@@ -2,9 +2,14 @@
 training workload keeps): what only a language model has, its token windows, its presets and
 sizes, its vocabulary and the tokens its lines count."""
 
-from _language import TINY_GPT
-from conftest import TINY
+import json
 
+import pytest
+from _language import TINY_GPT
+from conftest import TINY, one_line
+from test_run_integrity import small_disk  # noqa: F401 - a fixture
+
+from {{ cookiecutter.package_name }}.checkpoint import export_model
 from {{ cookiecutter.package_name }}.cli import main
 
 
@@ -46,3 +51,30 @@ def test_another_model_or_size_on_a_gpt_run_is_refused_before_loading(
         assert shown in line and "new run_dir" in line and "restore the values" in line
         assert "Traceback" not in err and "mismatch" not in err.lower()
     assert files() == before  # no file of the run was touched
+
+
+def test_an_exported_gpt_records_its_architecture_not_the_presets_zeros(tmp_path, single_process):
+    """n_layer = 0 means "the preset's" in a config; the file records the model as built."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    run_dir = tmp_path / "run"
+    args = [*TINY_GPT, f"run_dir={run_dir}", "max_steps=2", "checkpoint_every=2", "vocab_size=0"]
+    assert main(args) == 0
+    out = export_model(run_dir, tmp_path / "model.safetensors")
+    with safetensors_torch.safe_open(out, "pt") as f:
+        config = json.loads(f.metadata()["config"])
+    built = {k: config["gpt"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+    # tiny's 2 layers and 2 heads, TINY_GPT's width and context, the synthetic tokens' vocabulary
+    assert built == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
+    assert config["vocab_size"] == 50257
+    assert config["gpt"]["preset"] == "tiny" and config["model"] == "gpt"
+
+
+def test_a_full_disk_is_named_by_the_hugging_face_export(small_disk, tmp_path, single_process, capsys):  # noqa: F811
+    """transformers' writer on a full disk: the cause and the place in one line, nothing left."""
+    run_dir = tmp_path / "run"
+    assert main([*TINY_GPT, "max_steps=2", "checkpoint_every=2", f"run_dir={run_dir}"]) == 0
+    capsys.readouterr()
+    disk = small_disk(64)  # less than the model
+    assert main(["export", f"run_dir={run_dir}", "--format", "hf", "--out", str(disk / "hf")])
+    assert f"No space left on device: {disk}" in one_line(capsys)
+    assert [p for p in disk.rglob("*")] == []
