@@ -3,14 +3,20 @@ training workload keeps): what only a language model has, its token windows, its
 sizes, its vocabulary and the tokens its lines count."""
 
 import json
+import logging
+import re
+from pathlib import Path
 
 import pytest
+import torch
 from _language import TINY_GPT
 from conftest import TINY, one_line
 from test_run_integrity import small_disk  # noqa: F401 - a fixture
 
 from {{ cookiecutter.package_name }}.checkpoint import export_model
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config.settings import Config
+from {{ cookiecutter.package_name }}.telemetry import console
 
 
 def test_epochs_on_token_windows_are_refused_in_one_line(tmp_path, single_process, capsys):
@@ -78,3 +84,81 @@ def test_a_full_disk_is_named_by_the_hugging_face_export(small_disk, tmp_path, s
     assert main(["export", f"run_dir={run_dir}", "--format", "hf", "--out", str(disk / "hf")])
     assert f"No space left on device: {disk}" in one_line(capsys)
     assert [p for p in disk.rglob("*")] == []
+
+
+# --------------------------------------------------------------------------- test_console.py
+
+
+def messages(caplog, level="INFO"):
+    return [r.getMessage() for r in caplog.records if r.levelname == level]
+
+
+def test_a_gpt_runs_eval_lines_count_tokens(tmp_path, single_process, capfd, monkeypatch):
+    run_dir = tmp_path / "run"
+    # the tiny GPT made to look slow, to see the warning come out of a real run
+    monkeypatch.setattr(console, "SLOW_STEP_S", 1e-4)
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 0.01)
+    argv = [*TINY_GPT, f"run_dir={run_dir}", "max_steps=20", "log_every=10", "eval_every=10"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert f"training the language model gpt:tiny to step 20 on cpu into {run_dir}" in err
+    assert "WARNING this run is large for a CPU: each step needs" in err
+    info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
+    # the first step's line at once (log_every=10), with its time and the run's ETA; token
+    # windows have no epochs
+    steps = [m for m in info if m.startswith("step ")]
+    assert [m.split()[1] for m in steps] == ["1/20", "10/20", "20/20"]
+    assert re.search(r"ms/step .* eta [0-9.]+ (s|min|h)$", steps[0]) and "epoch" not in steps[0]
+    evals = [m for m in info if m.startswith("eval step")]
+    # TINY_GPT: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
+    # the held-out tokens scored (eval_batches=2 of 4 windows of 32, less the overlap), then
+    # the tokens trained on
+    eval_line = (
+        r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\) over [0-9]+ held-out tokens; "
+        r"2.56k tokens trained on"
+    )
+    assert re.fullmatch(eval_line, evals[0]), evals[0]
+    assert evals[1].endswith("5.12k tokens trained on") and len(evals) == 2
+    losses = [float(m.split("loss ")[1].split()[0]) for m in evals]
+    (summary,) = [m for m in info if m.startswith("training finished at step 20")]
+    assert ", 20 steps in " in summary and " tokens/s overall" in summary
+    best = min(losses)
+    assert f"eval loss best {best:.4f} (step {10 + 10 * losses.index(best)})" in summary
+    assert f"last {losses[-1]:.4f} (step 20)" in summary
+    checkpoint = summary.rsplit("checkpoint ", 1)[1]
+    assert Path(checkpoint) == run_dir / "checkpoints" / "step-00000020"
+    assert (Path(checkpoint) / "COMPLETE.json").exists()
+
+
+def test_start_line_says_what_the_run_is_about_to_do(caplog):
+    caplog.set_level(logging.INFO)
+    console.Console(Config(), True, torch.device("cpu"), 1e6, 1024, 0).start(0)
+    assert (
+        "training the language model gpt:gpt2-124m to step 300 on cpu into runs/default"
+        in (messages(caplog)[0])
+    )
+    assert not messages(caplog, "WARNING")  # a small step: no warning
+
+
+def test_the_gpts_start_line_names_the_language_model_and_its_preset(caplog):
+    caplog.set_level(logging.INFO)
+    console.Console(Config(model="gpt"), True, torch.device("cpu"), 1e6, 1024, 0).start(0)
+    assert (
+        "training the language model gpt:gpt2-124m to step 300 on cpu into runs/default"
+        in (messages(caplog)[0])
+    )
+    assert not messages(caplog, "WARNING")  # a small step: no warning
+
+
+def test_a_gpt_run_with_tiny_tomls_batch_is_told_its_model_is_large(caplog, monkeypatch):
+    """`--config configs/tiny.toml` with a large model: the warning names the model, it does
+    not send the run to the file it already uses."""
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 40.0)
+    cfg = Config(model="gpt", batch_size=8)
+    console.Console(cfg, True, torch.device("cpu"), 6 * 124e6 * 8 * 1024, 1024, 0).start(0)
+    (warning,) = messages(caplog, "WARNING")
+    assert "configs/tiny.toml" not in warning
+    assert warning.endswith(
+        "the model (gpt:gpt2-124m) makes it so at batch_size 8: for a try-out choose a "
+        "smaller one, or run on a GPU node"
+    )
