@@ -162,3 +162,46 @@ def test_a_gpt_run_with_tiny_tomls_batch_is_told_its_model_is_large(caplog, monk
         "the model (gpt:gpt2-124m) makes it so at batch_size 8: for a try-out choose a "
         "smaller one, or run on a GPU node"
     )
+
+
+# --------------------------------------------------------------------------- test_cli.py
+
+
+def test_the_gpts_benchmark_counts_tokens_against_an_inline_loop(single_process, capsys):
+    assert main(["benchmark", *TINY_GPT, "bench_warmup=2", "bench_steps=10"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    # and in words, on stderr
+    ratio = f"ratio {result['ratio']:.3f}: the package's training step is "
+    assert ratio in err and "than a bare PyTorch loop" in err
+    assert ("within the target" in err) == (round(result["ratio"], 3) <= 1.03)  # as printed
+    for key in (
+        "train_step_median_s",
+        "train_tokens_per_s",
+        "bare_step_median_s",
+        "bare_tokens_per_s",
+        "ratio",
+        "gflop_per_step_and_rank",
+    ):
+        assert result[key] > 0
+    assert 0 <= result["data_wait_fraction"] < 1
+    assert result["steps"] == 10 and result["world_size"] == 1 and result["model"] == "gpt:tiny"
+    assert result["dataset"] == "synthetic" and "in-memory tokens" in result["inline_baseline"]
+    # one round (a block of each loop); the ratios are of this process's CPU time per step
+    assert result["clock"] == "process CPU time" and 0 < result["cpu_share"] <= 1.05
+    # the package's step includes the non-finite check's part (TINY_GPT: log_every=1)
+    assert result["non_finite_check"] == "loss and gradient norm, read every 1 steps"
+    blocks = result["blocks"]
+    assert sorted(blocks) == ["bare", "inline", "train"] and len(blocks["train"]) == 1
+    assert result["ratio"] == pytest.approx(blocks["train"][0] / blocks["bare"][0])
+    assert "compile_on" not in result  # compared only on GPU unless asked
+    assert "checkpoint_sync_stall_s" not in result  # likewise
+
+
+def test_help_lists_generate(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "generate" in capsys.readouterr().out
