@@ -11,6 +11,7 @@ import pytest
 import torch
 from _language import TINY_GPT
 from conftest import TINY, one_line
+from test_error_boundary import argparse_error
 from test_run_integrity import small_disk  # noqa: F401 - a fixture
 
 from {{ cookiecutter.package_name }}.checkpoint import export_model
@@ -205,3 +206,56 @@ def test_help_lists_generate(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     assert "generate" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------- test_error_boundary.py
+
+
+def test_a_classifier_on_token_shards_is_one_line(capsys, tmp_path):
+    data = tmp_path / "bytes"
+    (tmp_path / "a.txt").write_text("some text to tokenise as bytes\n" * 200)
+    assert main(["make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(data)]) == 0
+    capsys.readouterr()
+    args = ["device=cpu", "model=mlp", f"dataset={data}", f"run_dir={tmp_path / 'run'}"]
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "holds tokens data, but model=mlp reads arrays datasets" in err.strip().splitlines()[-1]
+
+
+def test_the_data_benchmark_takes_ascii_digits_only(capsys):
+    from {{ cookiecutter.package_name }}.make_dataset.benchmark import main as data_benchmark
+
+    with pytest.raises(SystemExit) as exit_:
+        data_benchmark(["--synthetic-mb", "1", "--tokenizer", "t", "--rounds", "\u0663"])
+    assert exit_.value.code == 2
+    assert "argument --rounds: expects an integer (ASCII digits)" in capsys.readouterr().err
+
+
+# U+0663 ARABIC-INDIC DIGIT THREE and U+FF12 FULLWIDTH DIGIT TWO: Python's int() reads 3 and 2
+@pytest.mark.parametrize(
+    "argv, option, value",
+    [
+        (["make-dataset", "--out", "d", "--hf", "x", "--workers"], "--workers", "\u0663"),
+        (["make-dataset", "--out", "d", "--max-length"], "--max-length", "\uff12"),
+        (["train-tokenizer", "--text", "a", "--vocab-size"], "--vocab-size", "\u0663"),
+    ],
+)
+def test_the_language_options_take_ascii_digits_only(capsys, argv, option, value):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, value])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert f"error: argument {option}: " in line and repr(value) in line, line
+
+
+def test_train_tokenizers_output_name_too_long_is_refused_before_anything_is_made(
+    capsys, tmp_path
+):
+    out = tmp_path / "new" / ("a" * 300)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train-tokenizer", "--text", "a", "--vocab-size", "300", "--out", str(out)])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert "error: argument --out: " in line and "a name of 300 bytes in it is too long" in line
+    assert list(tmp_path.iterdir()) == []
