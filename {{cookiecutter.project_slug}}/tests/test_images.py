@@ -366,3 +366,12 @@ def test_shard_mb_takes_ascii_digits_only(capsys):
     assert exit_.value.code == 2
     line = argparse_error(capsys)
     assert "error: argument --shard-mb: " in line and repr("\uff12.5") in line, line
+
+
+def test_image_size_is_the_images_kinds_own_key():
+    """A dataset kind's own keys are flat (cfg.image_size), not general keys (test_config.py)."""
+    from {{ cookiecutter.package_name }}.config import settings
+    from {{ cookiecutter.package_name }}.config.settings import GENERAL_KEYS, Config
+
+    assert "image_size" in settings.KIND_KEYS and Config().image_size == 0
+    assert "image_size" not in {k.name for k in GENERAL_KEYS}

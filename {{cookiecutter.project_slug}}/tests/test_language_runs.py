@@ -10,13 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 from _language import TINY_GPT
-from conftest import TINY, one_line
+from conftest import REPO, TINY, one_line
 from test_error_boundary import argparse_error
 from test_run_integrity import small_disk  # noqa: F401 - a fixture
 
 from {{ cookiecutter.package_name }}.checkpoint import export_model
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config.settings import Config
+from {{ cookiecutter.package_name }}.config.resume import check_resume, check_run_dir_config
+from {{ cookiecutter.package_name }}.config.settings import (
+    Config,
+    ConfigError,
+    config_record,
+    load_config,
+    save_config,
+    to_toml,
+)
+from {{ cookiecutter.package_name }}.models.gpt import GPTKeys
+from {{ cookiecutter.package_name }}.models.mlp import MLPKeys
 from {{ cookiecutter.package_name }}.telemetry import console
 
 
@@ -259,3 +269,78 @@ def test_train_tokenizers_output_name_too_long_is_refused_before_anything_is_mad
     line = argparse_error(capsys)
     assert "error: argument --out: " in line and "a name of 300 bytes in it is too long" in line
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- test_config.py
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["preset=tiny", "n_embd=65"], r"n_embd \(65\) must be a multiple of n_head \(2\) \(pre"),
+        (["n_head=5"], r"n_embd \(768\) must be a multiple of n_head \(5\)"),
+        (["model=mlp", "n_layer=2"], r"'n_layer' belongs to model gpt, but this run trains "),
+        (["hidden_dim=8"], r"'hidden_dim' belongs to model mlp, but this run trains model=gpt"),
+    ],
+)
+def test_the_gpts_relations_between_keys_are_checked_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["model=gpt", *overrides])
+
+
+def test_the_gpts_keys_are_a_section_of_the_config():
+    assert Config().gpt == GPTKeys()
+
+
+def test_the_default_config_file_serves_every_model():
+    """Keys of another model at their defaults (configs/default.toml's GPT keys with
+    `benchmark --size large`, model=mlp) are not refused."""
+    cfg, _ = load_config(REPO / "configs" / "default.toml", ["model=mlp", "hidden_dim=32"])
+    assert (cfg.model, cfg.mlp.hidden_dim, cfg.gpt.preset) == ("mlp", 32, "gpt2-124m")
+
+
+def test_a_saved_gpt_config_round_trips(tmp_path):
+    cfg, _ = load_config(None, ['run_dir=with "quotes"', "lr=0.25", "n_embd=48"])
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    assert load_config(tmp_path / "c.toml").config == cfg
+    assert to_toml(cfg).endswith(
+        '\n\n[gpt]\npreset = "gpt2-124m"\nn_layer = 0\nn_head = 0\n'
+        'n_embd = 48\nblock_size = 0\nbias = false\ngelu = "exact"\n'
+    )
+    assert "hidden_dim" not in to_toml(cfg)  # the run's model's table only
+
+
+def test_check_resume_of_a_gpt_run(caplog):
+    saved = config_record(Config())
+    check_resume(saved, Config(mlp=MLPKeys(hidden_dim=7)), 2, 2)  # a model this run does not train
+    with pytest.raises(ConfigError, match="n_layer: 0 -> 4"):
+        check_resume(saved, Config(gpt=GPTKeys(n_layer=4)), 2, 2)
+    check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
+    with pytest.raises(ConfigError, match="batch_size: 16 -> 64"):
+        check_resume(saved, Config(batch_size=64), 2, 2)
+    check_resume(saved, Config(), 2, 4)  # another world size reshards the checkpoint
+    assert "world size 2 -> 4" in caplog.text
+    with pytest.raises(ConfigError, match=r"fingerprint aaaa.*\(the files at synthetic were rew"):
+        check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
+    check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
+    # a copied run continued on other data: not "rewritten" files, another dataset
+    caplog.clear()
+    check_resume(saved, Config(dataset="data/other", force_resume=True), 2, 2, "a", "b")
+    assert "(another dataset: synthetic -> data/other)" in caplog.text
+    assert "rewritten" not in caplog.text
+
+
+def test_a_gpt_run_dirs_config_is_compared_before_any_checkpoint_is_read(tmp_path):
+    save_config(load_config(None, ["preset=tiny"]).config, tmp_path / "config.toml")
+    assert '\n[gpt]\npreset = "tiny"\n' in (tmp_path / "config.toml").read_text()
+    mlp, _ = load_config(None, ["model=mlp", "lr=0.001"])
+    with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
+        check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
+    assert "preset: 'tiny' -> 'gpt2-124m'" in str(err.value)  # the old model's keys as well
+    assert "hidden_dim" not in str(err.value)  # at its default: unchanged
+    assert "new run_dir" in str(err.value) and "\n" not in str(err.value)
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=False)  # nothing to continue
+    same, _ = load_config(None, ["gpt.preset=tiny", "log_every=1"])
+    check_run_dir_config(same, tmp_path, True)
+    (tmp_path / "config.toml").write_text("not = [toml")
+    check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
