@@ -344,3 +344,65 @@ def test_a_gpt_run_dirs_config_is_compared_before_any_checkpoint_is_read(tmp_pat
     check_run_dir_config(same, tmp_path, True)
     (tmp_path / "config.toml").write_text("not = [toml")
     check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
+
+
+# ------------------------------------------------------------------------ test_init_from.py
+UNCHANGED = ["lr=1e-12", "min_lr=1e-12", "weight_decay=0", "warmup_steps=0", "eval_every=0"]
+SHORT = ["max_steps=2", "checkpoint_every=2"]
+
+
+@pytest.mark.parametrize(
+    "model, source_model, expected",
+    [
+        (TINY, TINY_GPT, "has no tensor"),
+        (TINY_GPT, TINY, "has no tensor"),
+        ([*TINY_GPT, "n_embd=64"], TINY_GPT, "tensor wte.weight is [256, 32], the model's is [256, 64]"),
+    ],
+    ids=["mlp-from-gpt", "gpt-from-mlp", "other-size"],
+)
+def test_another_models_weights_are_one_line_and_write_nothing(
+    tmp_path, model, source_model, expected, cli
+):
+    source = tmp_path / "source"
+    assert cli(*source_model, *SHORT, "eval_every=0", f"run_dir={source}").returncode == 0
+    run_dir = tmp_path / "run"
+    done = cli(*model, f"run_dir={run_dir}", f"init_from={source}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr and expected in last, last
+    assert not run_dir.exists()  # refused before the run directory is made, or the new one removed
+
+
+def bpe_dataset(tmp_path, name: str, vocab_size: int):
+    """A dataset tokenised by a BPE of `vocab_size` ids trained here (300 and 310 ids: both
+    padded to 320 rows by the GPT, so only the tokenizer tells them apart)."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    words = "alps node train token shard model batch step lustre cluster".split()
+    docs = [" ".join(words[(i * 7 + j) % len(words)] for j in range(30)) for i in range(300)]
+    (tmp_path / "docs.txt").write_text("\n".join(docs))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tokenizer, data = tmp_path / f"{name}.json", tmp_path / name
+    assert main(["train-tokenizer", "--text", str(tmp_path / "docs.txt"), "--vocab-size",
+                 str(vocab_size), "--out", str(tokenizer)]) == 0  # fmt: skip
+    assert main(["make-dataset", "--hf", str(tmp_path / "docs.jsonl"), "--tokenizer",
+                 str(tokenizer), "--out", str(data)]) == 0  # fmt: skip
+    return data
+
+
+def test_a_run_of_another_tokenizer_is_refused_unless_on_purpose(tmp_path, single_process, capsys):
+    pytest.importorskip("tokenizers", reason="needs the [data] extra")
+    pytest.importorskip("datasets", reason="needs the [data] extra")
+    from {{ cookiecutter.package_name }}.cli import main
+
+    first, second = bpe_dataset(tmp_path, "first", 300), bpe_dataset(tmp_path, "second", 310)
+    base = [*TINY_GPT, "vocab_size=0", *SHORT, *UNCHANGED]
+    assert main([*base, f"dataset={first}", f"run_dir={tmp_path / 'source'}"]) == 0
+    new = [*base, f"dataset={second}", f"init_from={tmp_path / 'source'}"]
+    capsys.readouterr()
+    assert main([*new, f"run_dir={tmp_path / 'refused'}"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "was trained on ids of another tokenizer" in last and "init_new_vocabulary" in last
+    assert not (tmp_path / "refused").exists()
+    assert main([*new, f"run_dir={tmp_path / 'new'}", "init_new_vocabulary=true"]) == 0
+    assert "init_new_vocabulary=true: " in capsys.readouterr().err
