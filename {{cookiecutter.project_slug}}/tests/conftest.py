@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -328,3 +329,22 @@ def no_terminal(monkeypatch) -> list[str]:
     monkeypatch.setattr("builtins.input", ask)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     return asked
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(kib): a tmpfs of that size, which what is written to it fills (root only)."""
+    mounts = []
+
+    def mount(kib: int):
+        path = tmp_path / f"small{len(mounts)}"
+        path.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
+        if not shutil.which("mount") or subprocess.run(command, capture_output=True).returncode:
+            pytest.skip("mounting a small tmpfs needs root and mount(8) (CI runs as root)")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -189,7 +189,7 @@ def test_saved_config_round_trips(tmp_path):
     cfg, _ = load_config(None, ["model=mlp", 'run_dir=with "quotes"', "lr=0.25", "hidden_dim=48"])
     (tmp_path / "c.toml").write_text(to_toml(cfg))
     assert load_config(tmp_path / "c.toml").config == cfg
-    assert to_toml(cfg).endswith('\n\n[mlp]\nhidden_dim = 48\n')  # the run's model's table only
+    assert to_toml(cfg).endswith("\n\n[mlp]\nhidden_dim = 48\n")  # the run's model's table only
 
 
 def test_check_resume(caplog):
@@ -206,7 +206,9 @@ def test_check_resume(caplog):
     check_resume(saved, Config(model="mlp", batch_size=64, force_resume=True), 2, 2, "a", "b")
     # a copied run continued on other data: not "rewritten" files, another dataset
     caplog.clear()
-    check_resume(saved, Config(model="mlp", dataset="data/other", force_resume=True), 2, 2, "a", "b")
+    check_resume(
+        saved, Config(model="mlp", dataset="data/other", force_resume=True), 2, 2, "a", "b"
+    )
     assert "(another dataset: synthetic -> data/other)" in caplog.text
     assert "rewritten" not in caplog.text
 

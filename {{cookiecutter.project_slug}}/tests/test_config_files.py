@@ -1,5 +1,6 @@
 """Config files: several --config merged in order, `extends`, and options mixed with key=value;
-a model's keys in its table or plain (here the classifier's; the GPT's: test_config_files_gpt.py)."""
+a model's keys in its table or plain (the classifier's here; the GPT's: test_config_files_gpt.py).
+"""
 
 import pytest
 from conftest import TINY

@@ -166,5 +166,3 @@ def test_the_validation_split_prints_as_text(tmp_path, single_process, capsys):
 def test_hf_model_without_a_dataset_is_one_line(tmp_path, single_process, capsys):
     assert main(["evaluate", f"hf_model={tmp_path}"]) == 2
     assert "evaluate hf_model=DIR needs dataset=D" in one_line(capsys)
-
-

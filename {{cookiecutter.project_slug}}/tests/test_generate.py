@@ -129,7 +129,10 @@ def test_generate_equals_the_streamed_text(run_dir):
 
 @pytest.mark.parametrize(
     "argv",
-    [["generate", "run_dir=runs/a", "--tokens", "5"], ["generate", "--tokens", "5", "run_dir=runs/a"]],
+    [
+        ["generate", "run_dir=runs/a", "--tokens", "5"],
+        ["generate", "--tokens", "5", "run_dir=runs/a"],
+    ],
 )
 def test_generate_takes_run_dir_key_value_anywhere(argv, capsys):
     """test_cli_style.py's argument style, for generate."""

@@ -105,7 +105,14 @@ def test_padding_rows_never_enter_the_loss(tmp_path, single_process, capsys):
 def test_gpt2_weights_start_a_run_and_leave_as_gpt2(tmp_path, single_process):
     original = tiny_gpt2(tmp_path / "gpt2")
     run = tmp_path / "run"
-    args = [*TINY_GPT, *GPT2, *SHORT, *UNCHANGED, f"run_dir={run}", f"init_from={tmp_path / 'gpt2'}"]
+    args = [
+        *TINY_GPT,
+        *GPT2,
+        *SHORT,
+        *UNCHANGED,
+        f"run_dir={run}",
+        f"init_from={tmp_path / 'gpt2'}",
+    ]
     # with activation checkpointing: the names in and out are the model's own all the same
     assert main([*args, "activation_checkpointing=true"]) == 0
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
@@ -182,7 +189,13 @@ def test_a_gpt2_that_is_not_the_configured_model_is_one_line(
     tmp_path, single_process, case, capsys
 ):
     tiny_gpt2(tmp_path / "gpt2")
-    args = [*TINY_GPT, *GPT2, *SHORT, f"run_dir={tmp_path / 'run'}", f"init_from={tmp_path / 'gpt2'}"]
+    args = [
+        *TINY_GPT,
+        *GPT2,
+        *SHORT,
+        f"run_dir={tmp_path / 'run'}",
+        f"init_from={tmp_path / 'gpt2'}",
+    ]
     weights = tmp_path / "gpt2" / "model.safetensors"
     expected = {
         "gelu": "set gelu=tanh",

@@ -69,7 +69,9 @@ def test_a_number_python_cannot_hold_is_a_malformed_index(arrays, tmp_path):
     """JSON's Infinity where a count belongs (Python reads a float, no integer holds it)."""
     directory = shutil.copytree(arrays, tmp_path / "ds")
     text = (directory / "index.json").read_text()
-    (directory / "index.json").write_text(re.sub(r'"num_classes": \d+', '"num_classes": Infinity', text))
+    (directory / "index.json").write_text(
+        re.sub(r'"num_classes": \d+', '"num_classes": Infinity', text)
+    )
     cfg = SimpleNamespace(eval_samples=100, data_on_gpu=False)
     with pytest.raises(DatasetError, match="index.json: malformed index"):
         kinds.KINDS["arrays"].open(directory, cfg, None)

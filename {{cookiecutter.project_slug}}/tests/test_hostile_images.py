@@ -17,7 +17,6 @@ from {{ cookiecutter.package_name }}.data import kinds
 from {{ cookiecutter.package_name }}.data.augmentation import AugmentationKeys
 from {{ cookiecutter.package_name }}.data.directory import DatasetError
 
-
 # --- images: train-index.npy -----------------------------------------------------------------
 
 

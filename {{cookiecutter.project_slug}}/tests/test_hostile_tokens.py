@@ -171,7 +171,6 @@ def test_generate_chat_renders_a_datasets_template_within_the_same_bounds(
     assert prompt.endswith("How high is the Matterhorn?<|im_end|>\n<|im_start|>assistant\n")
 
 
-
 # --- exports ----------------------------------------------------------------------------------
 
 

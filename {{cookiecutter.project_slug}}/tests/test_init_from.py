@@ -6,7 +6,6 @@ checkpoint shows the weights it started from (to 1e-9; the weights are about 0.0
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 

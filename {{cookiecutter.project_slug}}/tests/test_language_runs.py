@@ -12,7 +12,6 @@ import torch
 from _language import TINY_GPT
 from conftest import REPO, TINY, one_line
 from test_error_boundary import argparse_error
-from test_run_integrity import small_disk  # noqa: F401 - a fixture
 
 from {{ cookiecutter.package_name }}.checkpoint import export_model
 from {{ cookiecutter.package_name }}.cli import main
@@ -86,7 +85,9 @@ def test_an_exported_gpt_records_its_architecture_not_the_presets_zeros(tmp_path
     assert config["gpt"]["preset"] == "tiny" and config["model"] == "gpt"
 
 
-def test_a_full_disk_is_named_by_the_hugging_face_export(small_disk, tmp_path, single_process, capsys):  # noqa: F811
+def test_a_full_disk_is_named_by_the_hugging_face_export(
+    small_disk, tmp_path, single_process, capsys
+):
     """transformers' writer on a full disk: the cause and the place in one line, nothing left."""
     run_dir = tmp_path / "run"
     assert main([*TINY_GPT, "max_steps=2", "checkpoint_every=2", f"run_dir={run_dir}"]) == 0
@@ -259,9 +260,7 @@ def test_the_language_options_take_ascii_digits_only(capsys, argv, option, value
     assert f"error: argument {option}: " in line and repr(value) in line, line
 
 
-def test_train_tokenizers_output_name_too_long_is_refused_before_anything_is_made(
-    capsys, tmp_path
-):
+def test_train_tokenizers_output_name_too_long_is_refused_before_anything_is_made(capsys, tmp_path):
     out = tmp_path / "new" / ("a" * 300)
     with pytest.raises(SystemExit) as exit_:
         main(["train-tokenizer", "--text", "a", "--vocab-size", "300", "--out", str(out)])
@@ -356,7 +355,11 @@ SHORT = ["max_steps=2", "checkpoint_every=2"]
     [
         (TINY, TINY_GPT, "has no tensor"),
         (TINY_GPT, TINY, "has no tensor"),
-        ([*TINY_GPT, "n_embd=64"], TINY_GPT, "tensor wte.weight is [256, 32], the model's is [256, 64]"),
+        (
+            [*TINY_GPT, "n_embd=64"],
+            TINY_GPT,
+            "tensor wte.weight is [256, 32], the model's is [256, 64]",
+        ),
     ],
     ids=["mlp-from-gpt", "gpt-from-mlp", "other-size"],
 )

@@ -294,33 +294,23 @@ def test_shared_code_branches_on_no_kind_of_data():
 
 # The generated tests by workload: a bake keeps the files of its workloads. "program": every
 # bake's (the command line, the doctor, the run directory); "shared": every training bake's, run
-# on conftest.py's TINY (the classifier, models/mlp.py). A file you add is one line here.
-TEST_WORKLOADS = {
-    **dict.fromkeys(
-        ("conftest", "_faults", "test_alps_lint", "test_distributed", "test_doctor"), "program"
-    ),
-    **dict.fromkeys(("test_doctor_nodes", "test_layout", "test_program", "test_rundir_lock"), "program"),
-    **dict.fromkeys(
-        """_ckpt_driver test_checkpoint test_checkpoint_dcp test_cli test_cli_style test_compare
-        test_config test_config_files test_console test_data test_error_boundary test_evaluate
-        test_hostile_data test_init_from test_non_finite test_preemption test_prefetch
-        test_profiling test_resume test_run_integrity test_rundir test_second_signal
-        test_tracking test_train""".split(),
-        "shared",
-    ),
-    **dict.fromkeys(
-        """_language test_benchmark_tokens test_chat test_chat_template test_config_files_gpt
-        test_evaluate_tokens test_generate test_gpt test_hf_data test_hf_export test_hf_gpt2
-        test_hf_model test_hf_sources test_hostile_tokens test_language_runs test_lora
-        test_tokens""".split(),
-        "language",
-    ),
-    **dict.fromkeys(
-        """test_augmentation test_benchmark_images test_hostile_images test_image_formats
-        test_images test_timm test_vision test_vision_resume""".split(),
-        "images",
-    ),
+# on conftest.py's TINY (the classifier, models/mlp.py). A test file you add is one name here.
+TEST_FILES = {
+    "program": """conftest _faults test_alps_lint test_distributed test_doctor test_doctor_nodes
+        test_layout test_program test_rundir_lock""",
+    "shared": """_ckpt_driver test_checkpoint test_checkpoint_dcp test_cli test_cli_style
+        test_compare test_config test_config_files test_console test_data test_error_boundary
+        test_evaluate test_hostile_data test_init_from test_non_finite test_preemption
+        test_prefetch test_profiling test_resume test_run_integrity test_rundir
+        test_second_signal test_tracking test_train""",
+    "language": """_language test_benchmark_tokens test_chat test_chat_template
+        test_config_files_gpt test_evaluate_tokens test_generate test_gpt test_hf_data
+        test_hf_export test_hf_gpt2 test_hf_model test_hf_sources test_hostile_tokens
+        test_language_runs test_lora test_tokens""",
+    "images": """test_augmentation test_benchmark_images test_hostile_images test_image_formats
+        test_images test_timm test_vision test_vision_resume""",
 }
+TEST_WORKLOADS = {name: w for w, names in TEST_FILES.items() for name in names.split()}
 TESTS = REPO / "tests"
 # What only a workload has, as a shared test would name it: its models and make-dataset's inputs
 WORKLOAD_MODELS = re.compile(r"\bmodel=(gpt|hf|vision|timm)\b")
@@ -374,7 +364,9 @@ def workload_uses(source: str, package: str, names_models: bool = True) -> list[
                     found.append(f"imports {rest}")
                 elif TEST_WORKLOADS.get(alias.name) in WORKLOADS:
                     found.append(f"imports {alias.name}")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in skip:
+                continue
             for target, names in IMPORT_IN_TEXT.findall(node.value):
                 parts = [n.strip() for n in names.split(",")] if names else []
                 found += [f"imports {m}" for m in imported(target, parts) if workload_of(m)]
@@ -390,22 +382,30 @@ def workload_uses(source: str, package: str, names_models: bool = True) -> list[
 
 def test_every_test_file_has_one_workload():
     files = {p.stem for p in TESTS.glob("*.py") if p.stem.startswith(("test_", "_", "conftest"))}
-    assert not files - TEST_WORKLOADS.keys(), f"not in TEST_WORKLOADS: {sorted(files - TEST_WORKLOADS.keys())}"
+    listed = [name for names in TEST_FILES.values() for name in names.split()]
+    assert len(listed) == len(TEST_WORKLOADS), "a file listed twice in TEST_FILES"
+    unlisted = sorted(files - TEST_WORKLOADS.keys())
+    assert not unlisted, f"not in TEST_WORKLOADS (add each with its workload): {unlisted}"
     if WORKLOAD == "all":
         assert files == TEST_WORKLOADS.keys(), sorted(TEST_WORKLOADS.keys() - files)
 
 
+def names_models(name: str) -> bool:
+    """Whether the check of test file `name` includes the workloads' models: for the shared
+    files and conftest.py's helpers (the doctor's tests name the models that need torchvision)."""
+    return TEST_WORKLOADS[name] == "shared" or name == "conftest"
+
+
 def test_the_shared_tests_use_no_workload():
     """A shared test file (and every bake's) runs in a bake with neither workload: it imports no
-    workload's module or test file and trains none of their models nor makes their datasets.
-    Every bake's files may name the models (the doctor's line says which need torchvision)."""
+    workload's module or test file and trains none of their models nor makes their datasets."""
     found = {
         name: uses
         for name, workload in TEST_WORKLOADS.items()
         if workload in ("program", "shared")
         and name != "test_layout"  # its probes name the workloads on purpose
         and (TESTS / f"{name}.py").exists()
-        and (uses := workload_uses((TESTS / f"{name}.py").read_text(), PACKAGE, workload == "shared" or name == "conftest"))
+        and (uses := workload_uses((TESTS / f"{name}.py").read_text(), PACKAGE, names_models(name)))
     }
     assert not found, found
 

@@ -241,25 +241,6 @@ def test_a_new_run_keeps_a_dead_runs_records_beside_its_own(tmp_path, single_pro
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """small_disk(kib): a tmpfs of that size, which what is written to it fills (root only)."""
-    mounts = []
-
-    def mount(kib: int):
-        path = tmp_path / f"small{len(mounts)}"
-        path.mkdir()
-        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
-        if not shutil.which("mount") or subprocess.run(command, capture_output=True).returncode:
-            pytest.skip("mounting a small tmpfs needs root and mount(8) (CI runs as root)")
-        mounts.append(path)
-        return path
-
-    yield mount
-    for path in mounts:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def test_a_full_disk_is_named_by_every_writer(small_disk, tmp_path, single_process, capsys):
     """torch.save's writer says "unexpected pos 704 vs 598" and safetensors' raises a traceback
     on a full disk: each writer names the cause and the place, and leaves nothing behind."""
