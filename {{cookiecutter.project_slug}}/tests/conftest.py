@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,17 +20,20 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "{{ cookiecutter.package_name }}"
 
-# A tiny run of the GPT on CPU (explicitly: the same tests run on GPU nodes): 2 layers, 32 wide,
-# context 32, synthetic tokens; dropout makes the result depend on the restored RNG states and
-# grad_accum_steps=2 exercises gradient sync on the last micro-batch only.
+# A tiny run on CPU (explicitly: the same tests run on GPU nodes) of the minimal classifier
+# (models/mlp.py), the model every training workload keeps: 8 features, 4 classes, 16 wide, on
+# synthetic arrays; dropout makes the result depend on the restored RNG states and
+# grad_accum_steps=2 exercises gradient sync on the last micro-batch only. The language
+# workload's tiny GPT is tests/_language.py's TINY_GPT.
 TINY = [
     "device=cpu",
-    "model=gpt",
-    "preset=tiny",
-    "n_embd=32",
-    "block_size=32",
-    "vocab_size=256",
+    "model=mlp",
     "dataset=synthetic",
+    "synthetic_samples=1200",
+    "eval_samples=200",
+    "num_features=8",
+    "num_classes=4",
+    "hidden_dim=16",
     "batch_size=4",
     "dropout=0.1",
     "lr=0.01",
@@ -46,25 +50,6 @@ TINY = [
     "cpu_threads=1",
     "dist_timeout_s=60",
     "grad_accum_steps=2",
-]
-# The same model as one MLP-sized classifier run, for the tests of the minimal example.
-TINY_MLP = [
-    "device=cpu",
-    "model=mlp",
-    "synthetic_samples=1200",
-    "eval_samples=200",
-    "num_features=8",
-    "num_classes=4",
-    "hidden_dim=16",
-    "batch_size=16",
-    "dropout=0.2",
-    "lr=0.01",
-    "warmup_steps=5",
-    "max_steps=40",
-    "log_every=10",
-    "checkpoint_every=10",
-    "num_workers=0",
-    "cpu_threads=1",
 ]
 TIMEOUT_S = 300  # generous: a loaded 2-core machine starts two torch ranks in ~30 s
 
@@ -346,21 +331,20 @@ def no_terminal(monkeypatch) -> list[str]:
     return asked
 
 
-def validation_windows(ids, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The windows `evaluate` scores on a one-shard validation split `ids`, written out here
-    independently of the package: block + 1 tokens every block tokens, and a last one aligned
-    to the end whose tokens scored before are -100 (ignored) in its labels. (windows, labels)
-    as transformers takes them (`labels=` is shifted inside): every token after the first is a
-    target once."""
-    ids = torch.as_tensor(ids, dtype=torch.int64)
-    starts = list(range(0, len(ids) - block, block))
-    rows = [ids[s : s + block + 1] for s in starts]
-    labels = [row.clone() for row in rows]
-    covered = starts[-1] + block  # the last position scored by the windows so far
-    if covered < len(ids) - 1:
-        tail = ids[-block - 1 :]
-        label = tail.clone()
-        label[: covered - (len(ids) - block - 1) + 1] = -100
-        rows.append(tail)
-        labels.append(label)
-    return torch.stack(rows), torch.stack(labels)
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(kib): a tmpfs of that size, which what is written to it fills (root only)."""
+    mounts = []
+
+    def mount(kib: int):
+        path = tmp_path / f"small{len(mounts)}"
+        path.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
+        if not shutil.which("mount") or subprocess.run(command, capture_output=True).returncode:
+            pytest.skip("mounting a small tmpfs needs root and mount(8) (CI runs as root)")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)

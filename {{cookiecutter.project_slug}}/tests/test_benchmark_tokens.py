@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from _language import TINY_GPT
 
 from {{ cookiecutter.package_name }} import distributed
 from {{ cookiecutter.package_name }}.cli import main
@@ -34,7 +34,7 @@ def token_shards(tmp_path_factory):
 
 
 def tokens_run(dataset, *extra):
-    cfg = load_config(None, [*TINY, f"dataset={dataset}", *extra]).config
+    cfg = load_config(None, [*TINY_GPT, f"dataset={dataset}", *extra]).config
     return cfg, open_splits(cfg, spec_of(cfg))
 
 
@@ -77,7 +77,7 @@ def test_with_one_rank_the_loops_step_the_runs_own_model(token_shards, single_pr
 def test_the_benchmark_compares_token_runs_with_the_inline_loop_too(
     token_shards, single_process, capsys
 ):
-    argv = ["benchmark", *TINY, f"dataset={token_shards}", "bench_warmup=1", "bench_steps=10"]
+    argv = ["benchmark", *TINY_GPT, f"dataset={token_shards}", "bench_warmup=1", "bench_steps=10"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)

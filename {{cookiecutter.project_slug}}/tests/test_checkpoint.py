@@ -345,26 +345,6 @@ def test_export_safetensors(tmp_path):
         assert json.loads(f.metadata()["config"]) == {"hidden_dim": 16}
 
 
-def test_an_exported_gpt_records_its_architecture_not_the_presets_zeros(tmp_path, single_process):
-    """n_layer = 0 means "the preset's" in a config; the file records the model as built."""
-    safetensors_torch = pytest.importorskip("safetensors.torch")
-    from conftest import TINY
-
-    from {{ cookiecutter.package_name }}.cli import main
-
-    run_dir = tmp_path / "run"
-    args = [*TINY, f"run_dir={run_dir}", "max_steps=2", "checkpoint_every=2", "vocab_size=0"]
-    assert main(args) == 0
-    out = checkpoint.export_model(run_dir, tmp_path / "model.safetensors")
-    with safetensors_torch.safe_open(out, "pt") as f:
-        config = json.loads(f.metadata()["config"])
-    built = {k: config["gpt"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
-    # tiny's 2 layers and 2 heads, TINY's width and context, the synthetic tokens' vocabulary
-    assert built == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
-    assert config["vocab_size"] == 50257
-    assert config["gpt"]["preset"] == "tiny" and config["model"] == "gpt"
-
-
 def test_git_commit_never_fails_without_git(monkeypatch):
     monkeypatch.setenv("PATH", "")
     assert checkpoint.git_commit() is None

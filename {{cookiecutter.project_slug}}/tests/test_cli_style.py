@@ -11,14 +11,13 @@ from {{ cookiecutter.package_name }}.commands import parse
 @pytest.mark.parametrize(
     ("argv", "dest"),
     [
-        (["generate", "run_dir=runs/a", "--tokens", "5"], "run"),
-        (["generate", "--tokens", "5", "run_dir=runs/a"], "run"),
         (["export", "--out", "m.pt", "run_dir=runs/a"], "run"),
         (["export", "run_dir=runs/a", "--out", "m.pt"], "run"),
         (["plot", "run_dir=runs/a", "--out", "p.png"], "path"),
     ],
 )
 def test_every_command_takes_run_dir_key_value_anywhere(argv, dest, capsys):
+    """generate's: test_generate.py."""
     assert getattr(parse(argv), dest).as_posix() == "runs/a"
     assert capsys.readouterr().err == ""
 
@@ -27,7 +26,6 @@ def test_every_command_takes_run_dir_key_value_anywhere(argv, dest, capsys):
     "argv",
     [
         ["plot", "runs/a"],
-        ["generate", "runs/a", "--tokens", "5"],
         ["export", "runs/a", "--out", "m.pt"],
         ["export", "run_dir=", "--out", "m.pt"],
         ["train", "--run-dir", "runs/a"],

@@ -30,7 +30,7 @@ def test_compare_three_runs_of_a_local_sweep(tmp_path, single_process, capsys):
         "eval",
         "last",
         "eval",
-        "tokens/s",
+        "samples/s",
         "wall",
     ]
     for line, run, lr in zip(lines[1:4], runs, ("0.001", "0.003", "0.01"), strict=True):

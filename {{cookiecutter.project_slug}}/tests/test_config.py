@@ -21,7 +21,6 @@ from {{ cookiecutter.package_name }}.config.settings import (
 )
 from {{ cookiecutter.package_name }}.config_keys import key, keys_of, read_toml
 from {{ cookiecutter.package_name }}.models import MODELS, spec_of
-from {{ cookiecutter.package_name }}.models.gpt import GPTKeys
 from {{ cookiecutter.package_name }}.models.mlp import MLPKeys
 
 
@@ -145,7 +144,7 @@ def test_unknown_key_suggests_the_closest_ones(typed, meant):
         ("run_dir=a\nb", r"'run_dir' expects one line of printable text"),
         ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
         ("parallelism=zero3", r"'parallelism' must be one of ddp, fsdp"),
-        ("model=llama", r"'model' must be one of gpt, mlp"),
+        ("model=llama", r"'model' must be one of (.+, )?mlp"),  # the models of this repository
         ("run_dir=", r"'run_dir' must not be empty"),
         ("dropout=1", r"'dropout' must be in \[0, 1\), got 1.0"),
         ("lr=0", r"'lr' must be in \(0, 1000\], got 0.0"),
@@ -160,23 +159,13 @@ def test_bad_values_name_the_key_and_the_accepted_form(override, message):
     ("overrides", "message"),
     [
         (["lr=0.001", "min_lr=0.01"], r"'min_lr' \(0.01\) must not exceed 'lr' \(0.001\)"),
-        (["preset=tiny", "n_embd=65"], r"n_embd \(65\) must be a multiple of n_head \(2\) \(pre"),
-        (["n_head=5"], r"n_embd \(768\) must be a multiple of n_head \(5\)"),
-        (["model=mlp", "n_layer=2"], r"'n_layer' belongs to model gpt, but this run trains "),
-        (["hidden_dim=8"], r"'hidden_dim' belongs to model mlp, but this run trains model=gpt"),
         (["model=mlp", "activation_checkpointing=true"], r"needs a model with repeated blocks"),
     ],
 )
 def test_relations_between_keys_are_checked_at_load(overrides, message):
+    """The GPT's and a key of another model: test_language_runs.py."""
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
-
-
-def test_the_default_config_file_serves_every_model():
-    """Keys of another model at their defaults (configs/default.toml's GPT keys with
-    `benchmark --size large`, model=mlp) are not refused."""
-    cfg, _ = load_config(REPO / "configs" / "default.toml", ["model=mlp", "hidden_dim=32"])
-    assert (cfg.model, cfg.mlp.hidden_dim, cfg.gpt.preset) == ("mlp", 32, "gpt2-124m")
 
 
 def test_bad_value_in_file_names_the_key(tmp_path):
@@ -197,50 +186,45 @@ def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
 
 
 def test_saved_config_round_trips(tmp_path):
-    cfg, _ = load_config(None, ['run_dir=with "quotes"', "lr=0.25", "n_embd=48"])
+    cfg, _ = load_config(None, ["model=mlp", 'run_dir=with "quotes"', "lr=0.25", "hidden_dim=48"])
     (tmp_path / "c.toml").write_text(to_toml(cfg))
     assert load_config(tmp_path / "c.toml").config == cfg
-    assert to_toml(cfg).endswith(
-        '\n\n[gpt]\npreset = "gpt2-124m"\nn_layer = 0\nn_head = 0\n'
-        'n_embd = 48\nblock_size = 0\nbias = false\ngelu = "exact"\n'
-    )
-    assert "hidden_dim" not in to_toml(cfg)  # the run's model's table only
+    assert to_toml(cfg).endswith("\n\n[mlp]\nhidden_dim = 48\n")  # the run's model's table only
 
 
 def test_check_resume(caplog):
-    saved = config_record(Config())
-    check_resume(saved, Config(mlp=MLPKeys(hidden_dim=7)), 2, 2)  # a model this run does not train
-    with pytest.raises(ConfigError, match="n_layer: 0 -> 4"):
-        check_resume(saved, Config(gpt=GPTKeys(n_layer=4)), 2, 2)
-    check_resume(saved, Config(log_every=3, run_dir="elsewhere"), 2, 2)  # harmless changes
+    saved = config_record(Config(model="mlp"))
+    with pytest.raises(ConfigError, match="hidden_dim: 256 -> 7"):
+        check_resume(saved, Config(model="mlp", mlp=MLPKeys(hidden_dim=7)), 2, 2)
+    check_resume(saved, Config(model="mlp", log_every=3, run_dir="elsewhere"), 2, 2)  # harmless
     with pytest.raises(ConfigError, match="batch_size: 16 -> 64"):
-        check_resume(saved, Config(batch_size=64), 2, 2)
-    check_resume(saved, Config(), 2, 4)  # another world size reshards the checkpoint
+        check_resume(saved, Config(model="mlp", batch_size=64), 2, 2)
+    check_resume(saved, Config(model="mlp"), 2, 4)  # another world size reshards the checkpoint
     assert "world size 2 -> 4" in caplog.text
     with pytest.raises(ConfigError, match=r"fingerprint aaaa.*\(the files at synthetic were rew"):
-        check_resume(saved, Config(), 2, 2, "aaaa" * 16, "bbbb" * 16)
-    check_resume(saved, Config(batch_size=64, force_resume=True), 2, 2, "a", "b")
+        check_resume(saved, Config(model="mlp"), 2, 2, "aaaa" * 16, "bbbb" * 16)
+    check_resume(saved, Config(model="mlp", batch_size=64, force_resume=True), 2, 2, "a", "b")
     # a copied run continued on other data: not "rewritten" files, another dataset
     caplog.clear()
-    check_resume(saved, Config(dataset="data/other", force_resume=True), 2, 2, "a", "b")
+    check_resume(
+        saved, Config(model="mlp", dataset="data/other", force_resume=True), 2, 2, "a", "b"
+    )
     assert "(another dataset: synthetic -> data/other)" in caplog.text
     assert "rewritten" not in caplog.text
 
 
 def test_run_dir_config_is_compared_before_any_checkpoint_is_read(tmp_path):
-    save_config(load_config(None, ["preset=tiny"]).config, tmp_path / "config.toml")
-    assert '\n[gpt]\npreset = "tiny"\n' in (tmp_path / "config.toml").read_text()
-    mlp, _ = load_config(None, ["model=mlp", "lr=0.001"])
-    with pytest.raises(ConfigError, match=r"model: 'gpt' -> 'mlp'; lr: 0.0006 -> 0.001;") as err:
-        check_run_dir_config(mlp, tmp_path, has_checkpoints=True)
-    assert "preset: 'tiny' -> 'gpt2-124m'" in str(err.value)  # the old model's keys as well
-    assert "hidden_dim" not in str(err.value)  # at its default: unchanged
+    save_config(load_config(None, ["model=mlp", "hidden_dim=32"]).config, tmp_path / "config.toml")
+    assert "\n[mlp]\nhidden_dim = 32\n" in (tmp_path / "config.toml").read_text()
+    other, _ = load_config(None, ["model=mlp", "lr=0.001"])
+    with pytest.raises(ConfigError, match=r"lr: 0.0006 -> 0.001; hidden_dim: 32 -> 256") as err:
+        check_run_dir_config(other, tmp_path, has_checkpoints=True)
     assert "new run_dir" in str(err.value) and "\n" not in str(err.value)
-    check_run_dir_config(mlp, tmp_path, has_checkpoints=False)  # nothing to continue
-    same, _ = load_config(None, ["gpt.preset=tiny", "log_every=1"])
+    check_run_dir_config(other, tmp_path, has_checkpoints=False)  # nothing to continue
+    same, _ = load_config(None, ["model=mlp", "mlp.hidden_dim=32", "log_every=1"])
     check_run_dir_config(same, tmp_path, True)
     (tmp_path / "config.toml").write_text("not = [toml")
-    check_run_dir_config(mlp, tmp_path, has_checkpoints=True)  # checked after loading instead
+    check_run_dir_config(other, tmp_path, has_checkpoints=True)  # checked after loading instead
 
 
 def test_cli_exit_status_2_and_message_for_config_errors(capsys):
@@ -257,15 +241,13 @@ def test_config_is_its_sections_and_the_models_keys():
     only the commands' own in settings."""
     general = [f.name for f in dataclasses.fields(settings.GeneralConfig)]
     assert sorted(general) == sorted(k.name for k in GENERAL_KEYS)
-    kinds = set(settings.KIND_KEYS)  # a dataset kind's own keys, flat: cfg.image_size
-    assert kinds >= {"image_size"} and kinds <= {f.name for f in dataclasses.fields(Config)}
-    assert Config().image_size == 0 and "image_size" not in general
+    kinds = set(settings.KIND_KEYS)  # a dataset kind's own keys, flat (images: cfg.image_size)
+    assert kinds <= {f.name for f in dataclasses.fields(Config)} and not kinds & set(general)
     models = {
         f.name: f.type for f in dataclasses.fields(Config) if f.name not in [*general, *kinds]
     }
     assert models == {name: spec.keys for name, spec in MODELS.items() if spec.keys}
-    assert (models["gpt"], models["mlp"]) == (GPTKeys, MLPKeys)  # your model's too, if it has keys
-    assert (Config().gpt, Config().mlp) == (GPTKeys(), MLPKeys())
+    assert models["mlp"] == MLPKeys and Config().mlp == MLPKeys()  # the GPT's: its own test
     homes = {section.__name__: section.__module__ for section in settings.SECTIONS}
     assert {name for name, home in homes.items() if home == settings.__name__} == {
         "RunKeys",
@@ -361,7 +343,7 @@ def test_a_hand_edited_config_toml_gives_one_answer_the_checkpoints(
 
 
 def test_a_very_long_value_is_shown_cut_with_its_length():
-    for item in ("n_layer=" + "9" * 400, "lr=" + "x" * 100_000, "device=" + "y" * 500):
+    for item in ("max_steps=" + "9" * 400, "lr=" + "x" * 100_000, "device=" + "y" * 500):
         with pytest.raises(ConfigError) as err:
             load_config(None, [item])
         assert len(str(err.value)) < 300 and "characters)" in str(err.value), item

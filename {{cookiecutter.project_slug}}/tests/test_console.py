@@ -18,33 +18,33 @@ def messages(caplog, level="INFO"):
 
 def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, monkeypatch):
     run_dir = tmp_path / "run"
-    # the tiny GPT made to look slow, to see the warning come out of a real run
-    monkeypatch.setattr(console, "SLOW_STEP_S", 1e-4)
-    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 0.01)
+    # the tiny classifier (2e4 FLOP a step) made to look slow, to see the warning come out of a
+    # real run
+    monkeypatch.setattr(console, "SLOW_STEP_S", 1e-6)
+    monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 1e-4)
     argv = [*TINY, f"run_dir={run_dir}", "max_steps=20", "log_every=10", "eval_every=10"]
     assert main(argv) == 0
     err = capfd.readouterr().err
-    assert f"training the language model gpt:tiny to step 20 on cpu into {run_dir}" in err
+    assert f"training the classifier mlp to step 20 on cpu into {run_dir}" in err
     assert "WARNING this run is large for a CPU: each step needs" in err
     info = [line.split(" INFO ", 1)[1] for line in err.splitlines() if " INFO " in line]
-    # the first step's line at once (log_every=10), with its time and the run's ETA; token
-    # windows have no epochs
+    # the first step's line at once (log_every=10), with its epoch, its time and the run's ETA
     steps = [m for m in info if m.startswith("step ")]
     assert [m.split()[1] for m in steps] == ["1/20", "10/20", "20/20"]
-    assert re.search(r"ms/step .* eta [0-9.]+ (s|min|h)$", steps[0]) and "epoch" not in steps[0]
+    assert re.search(r"ms/step .* eta [0-9.]+ (s|min|h)$", steps[0])
+    assert steps[0].startswith("step 1/20 epoch 0.01 ")  # 8 of 1000 samples a step
     evals = [m for m in info if m.startswith("eval step")]
-    # TINY: 4 sequences x 2 micro-steps x 32 tokens = 256 tokens per step
-    # the held-out tokens scored (eval_batches=2 of 4 windows of 32, less the overlap), then
-    # the tokens trained on
+    # TINY: 4 samples x 2 micro-steps = 8 samples per step; the held-out samples scored
+    # (eval_batches=2 of 4), then the samples trained on
     eval_line = (
-        r"eval step 10/20: loss [0-9.]+ \([0-9.]+ bits/token\) over [0-9]+ held-out tokens; "
-        r"2.56k tokens trained on"
+        r"eval step 10/20 epoch 0.08: loss [0-9.]+ \(accuracy [0-9.]+%\) over 8 held-out "
+        r"samples; 80 samples trained on"
     )
     assert re.fullmatch(eval_line, evals[0]), evals[0]
-    assert evals[1].endswith("5.12k tokens trained on") and len(evals) == 2
+    assert evals[1].endswith("160 samples trained on") and len(evals) == 2
     losses = [float(m.split("loss ")[1].split()[0]) for m in evals]
     (summary,) = [m for m in info if m.startswith("training finished at step 20")]
-    assert ", 20 steps in " in summary and " tokens/s overall" in summary
+    assert ", 20 steps in " in summary and " samples/s overall" in summary
     best = min(losses)
     assert f"eval loss best {best:.4f} (step {10 + 10 * losses.index(best)})" in summary
     assert f"last {losses[-1]:.4f} (step 20)" in summary
@@ -55,9 +55,9 @@ def test_eval_lines_and_the_closing_summary(tmp_path, single_process, capfd, mon
 
 def test_start_line_says_what_the_run_is_about_to_do(caplog):
     caplog.set_level(logging.INFO)
-    console.Console(Config(), True, torch.device("cpu"), 1e6, 1024, 0).start(0)
+    console.Console(Config(model="mlp"), True, torch.device("cpu"), 1e6, 1024, 0).start(0)
     assert (
-        "training the language model gpt:gpt2-124m to step 300 on cpu into runs/default"
+        "training the classifier mlp to step 300 on cpu into runs/default (dataset synthetic)"
         in (messages(caplog)[0])
     )
     assert not messages(caplog, "WARNING")  # a small step: no warning
@@ -65,14 +65,14 @@ def test_start_line_says_what_the_run_is_about_to_do(caplog):
 
 def test_a_large_preset_on_a_cpu_warns_with_the_estimated_step_time(caplog, monkeypatch):
     monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 40.0)
-    flops = 6 * 124e6 * 16 * 1024  # gpt2-124m, 16 sequences of 1024 tokens: ~12 TFLOP
-    console.Console(Config(), True, torch.device("cpu"), flops, 1024, 0).start(0)
+    flops = 12e12  # a model as large as gpt2-124m on 16 sequences of 1024 tokens
+    console.Console(Config(model="mlp"), True, torch.device("cpu"), flops, 1024, 0).start(0)
     (warning,) = messages(caplog, "WARNING")
     step_s = flops / 40e9
     assert f"at least {step_s / 60:.1f} min at this CPU's measured 40 GFLOP/s" in warning
     assert "300 steps take at least" in warning and "configs/tiny.toml" in warning
     caplog.clear()
-    console.Console(Config(), True, torch.device("cuda"), flops, 1024, 0).start(0)
+    console.Console(Config(model="mlp"), True, torch.device("cuda"), flops, 1024, 0).start(0)
     assert not messages(caplog, "WARNING")  # the same run on a GPU
 
 
@@ -80,12 +80,12 @@ def test_a_run_with_tiny_tomls_batch_is_told_its_model_is_large(caplog, monkeypa
     """`--config configs/tiny.toml` with a large model: the warning names the model, it does
     not send the run to the file it already uses."""
     monkeypatch.setattr(console, "cpu_matmul_gflops", lambda: 40.0)
-    cfg = Config(batch_size=8)
+    cfg = Config(model="mlp", batch_size=8)
     console.Console(cfg, True, torch.device("cpu"), 6 * 124e6 * 8 * 1024, 1024, 0).start(0)
     (warning,) = messages(caplog, "WARNING")
     assert "configs/tiny.toml" not in warning
     assert warning.endswith(
-        "the model (gpt:gpt2-124m) makes it so at batch_size 8: for a try-out choose a "
+        "the model (mlp) makes it so at batch_size 8: for a try-out choose a "
         "smaller one, or run on a GPU node"
     )
 
@@ -95,10 +95,10 @@ def test_the_real_cpu_measurement_is_positive():
 
 
 def test_a_finished_run_started_again_says_there_is_nothing_to_train(caplog):
-    """It said "training finished at step 300, 0 steps in 0.0 s, 0 tokens/s overall; no
+    """It said "training finished at step 300, 0 steps in 0.0 s, 0 samples/s overall; no
     evaluation (eval_every=0 or no eval step reached)" of a run that had evaluated."""
     caplog.set_level(logging.INFO)
-    report = console.Console(Config(), True, torch.device("cpu"), 1e6, 1024, 300)
+    report = console.Console(Config(model="mlp"), True, torch.device("cpu"), 1e6, 1024, 300)
     report.start(4800)
     line = report.summary(300, 4800, "runs/default/checkpoints/step-00000300")
     assert line == (

@@ -45,30 +45,17 @@ def test_train_faults_end_in_one_line(monkeypatch, capsys, fault, expected):
     assert expected in line and line.startswith("python -m ")
 
 
-def test_generate_refuses_an_empty_prompt_in_one_line(capsys, tmp_path):
-    assert main(["generate", f"run_dir={tmp_path}", "--prompt", ""]) == 2
-    assert "--prompt of at least one character" in one_line(capsys)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here")
-def test_generate_on_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
-    assert main(["generate", f"run_dir={tmp_path}", "--prompt", "x", "--device", "cuda"]) == 2
-    assert "--device cuda: no GPU is usable here" in one_line(capsys)
-
-
-def test_generate_and_export_name_a_run_dir_that_does_not_exist(capsys, tmp_path):
-    """Bad input, as for evaluate: exit 2."""
+def test_export_names_a_run_dir_that_does_not_exist(capsys, tmp_path):
+    """Bad input, as for evaluate: exit 2 (generate's: test_generate.py)."""
     missing = tmp_path / "no-such-run"
-    assert main(["generate", f"run_dir={missing}", "--prompt", "x"]) == 2
-    assert f"{missing} does not exist" in one_line(capsys)
     assert main(["export", f"run_dir={missing}", "--out", str(tmp_path / "m.pt")]) == 2
     assert f"{missing} does not exist" in one_line(capsys)
 
 
 def test_an_unknown_command_is_named_not_read_as_an_override(capsys):
-    assert main(["generat", "run_dir=runs/a"]) == 2
+    assert main(["expor", "run_dir=runs/a"]) == 2
     line = one_line(capsys)
-    assert "unknown command 'generat' (did you mean generate?); choose from train," in line
+    assert "unknown command 'expor' (did you mean export?); choose from train," in line
     assert main(["zzz"]) == 2
     assert "unknown command 'zzz'; choose from" in one_line(capsys)
 
@@ -115,18 +102,6 @@ def test_rank_0_alone_at_the_rendezvous_is_one_line_within_the_timeout(
     assert "1/2 clients joined" in line
 
 
-def test_a_classifier_on_token_shards_is_one_line(capsys, tmp_path):
-    data = tmp_path / "bytes"
-    (tmp_path / "a.txt").write_text("some text to tokenise as bytes\n" * 200)
-    assert main(["make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(data)]) == 0
-    capsys.readouterr()
-    args = ["device=cpu", "model=mlp", f"dataset={data}", f"run_dir={tmp_path / 'run'}"]
-    assert main(["train", *args]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert "holds tokens data, but model=mlp reads arrays datasets" in err.strip().splitlines()[-1]
-
-
 def test_plot_skips_lines_that_are_not_records_and_names_the_file(tmp_path):
     pytest.importorskip("matplotlib")
     metrics = tmp_path / "metrics.jsonl"
@@ -161,18 +136,14 @@ def argparse_error(capsys) -> str:
     "argv, option, value",
     [
         (["make-dataset", "--out", "d", "--samples"], "--samples", "\u0663"),
-        (["make-dataset", "--out", "d", "--hf", "x", "--workers"], "--workers", "\u0663"),
-        (["make-dataset", "--out", "d", "--max-length"], "--max-length", "\uff12"),
-        (["make-dataset", "--out", "d", "--shard-mb"], "--shard-mb", "\uff12.5"),
-        (["train-tokenizer", "--text", "a", "--vocab-size"], "--vocab-size", "\u0663"),
-        (["generate", "run_dir=r", "--temperature"], "--temperature", "0.\u0663"),
-        (["generate", "run_dir=r", "--top-k"], "--top-k", "\uff12"),
+        (["make-dataset", "--out", "d", "--workers"], "--workers", "\u0663"),
         (["doctor", "--timeout-s"], "--timeout-s", "\uff12"),
         (["doctor", "--expect-busbw"], "--expect-busbw", "\u0663"),
         (["doctor", "--sizes"], "--sizes", "\u0663M"),
     ],
 )
 def test_a_numeric_option_takes_ascii_digits_only(capsys, argv, option, value):
+    """The workloads' options: test_language_runs.py, test_generate.py, test_images.py."""
     with pytest.raises(SystemExit) as exit_:
         main([*argv, value])
     assert exit_.value.code == 2
@@ -194,26 +165,17 @@ def test_no_option_reads_numbers_with_pythons_int_or_float():
     assert [where for where, kind in typed.items() if kind in (int, float)] == []
 
 
-def test_the_data_benchmark_takes_ascii_digits_only(capsys):
-    from {{ cookiecutter.package_name }}.make_dataset.benchmark import main as data_benchmark
-
-    with pytest.raises(SystemExit) as exit_:
-        data_benchmark(["--synthetic-mb", "1", "--tokenizer", "t", "--rounds", "\u0663"])
-    assert exit_.value.code == 2
-    assert "argument --rounds: expects an integer (ASCII digits)" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     "argv",
     [
         ["make-dataset", "--samples", "30"],
         ["export", "run_dir=r"],
-        ["train-tokenizer", "--text", "a", "--vocab-size", "300"],
         ["plot", "run_dir=r"],
         ["compare", "run_dir=r", "run_dir=s"],
     ],
 )
 def test_an_output_name_too_long_is_refused_before_anything_is_made(capsys, tmp_path, argv):
+    """train-tokenizer's: test_language_runs.py."""
     out = tmp_path / "new" / ("a" * 300)
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--out", str(out)])

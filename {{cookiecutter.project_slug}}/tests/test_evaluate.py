@@ -1,55 +1,35 @@
 """`evaluate run_dir=R [dataset=D]`: the newest checkpoint on a validation split, one JSON line,
-on one rank or two (resharded), changing nothing in the run directory; the whole split, its tail
-included, and the same tokens and numbers on any number of ranks, for the GPT, the classifier
-and `model=hf`; `evaluate hf_model=DIR dataset=D`: a Hugging Face directory as it is, as
-transformers scores it; `--print-split`: the validation split as text."""
+on one rank or two (resharded), changing nothing in the run directory; the whole split and the
+same samples and numbers on any number of ranks (here the classifier's; the language models':
+test_evaluate_tokens.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import (
-    PACKAGE,
-    REPO,
-    TIMEOUT_S,
-    TINY,
-    TINY_MLP,
-    clean_env,
-    one_line,
-    two_ranks,
-    validation_windows,
-)
+from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env, one_line, two_ranks
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config_keys import read_toml
 
 ARGS = ["max_steps=6", "checkpoint_every=6", "eval_every=6", "eval_batches=2", "dropout=0.0"]
-VAL_TOKENS = 1500  # make-dataset's validation split of 300,000 tokens: their last 0.5%
+VAL_SAMPLES = 201  # on 2 ranks: one rank has one more, the other runs one batch more, uncounted
 
 
-def run(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", PACKAGE, *args],
         cwd=cwd,
-        env=env or clean_env(),
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
     )
-
-
-def evaluated(capsys, *args: str) -> dict:
-    """evaluate's JSON line, on one rank in this process."""
-    capsys.readouterr()
-    assert main(["evaluate", *args]) == 0
-    return json.loads(capsys.readouterr().out)
 
 
 def tree(path) -> dict:
@@ -57,21 +37,16 @@ def tree(path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def token_data(tmp_path_factory) -> Path:
-    """300,000 random ids of a vocabulary of 256 (`ids.npy` beside it) as a token dataset."""
+def trained(tmp_path_factory):
+    """TINY on 1,400 synthetic samples written by make-dataset (the last 201 held out), named
+    `dataset=data` relative to the directory it was trained in."""
     root = tmp_path_factory.mktemp("evaluate")
-    np.save(root / "ids.npy", np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint16))
-    done = run("make-dataset", "--tokens", str(root / "ids.npy"), "--vocab-size", "256",
-               "--out", str(root / "data"))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return root / "data"
-
-
-@pytest.fixture(scope="module")
-def trained(token_data):
-    """TINY on token_data, named `dataset=data` relative to the directory it was trained in."""
-    run_dir = token_data.parent / "run"
-    done = run(*TINY, "dataset=data", f"run_dir={run_dir}", *ARGS, cwd=token_data.parent)
+    made = run("make-dataset", "--out", str(root / "data"), "--samples", "1400",
+               "--features", "8", "--classes", "4")  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    run_dir = root / "run"
+    done = run(*TINY, "dataset=data", f"eval_samples={VAL_SAMPLES}", f"run_dir={run_dir}", *ARGS,
+               cwd=root)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return run_dir
 
@@ -88,38 +63,37 @@ def test_the_newest_checkpoint_on_its_own_validation_split(trained, cli):
     (line,) = done.stdout.strip().splitlines()
     result = json.loads(line)
     assert result["step"] == 6 and result["ranks"] == 1
-    # the same number the run logged at its last evaluation (same batches, same weights)
+    # the same numbers the run logged at its last evaluation (same batches, same weights)
     assert result["eval_loss"] == pytest.approx(last_eval(trained)["eval_loss"], rel=1e-5)
-    assert result["eval_bits_per_token"] == pytest.approx(result["eval_loss"] / math.log(2))
-    assert result["perplexity"] == pytest.approx(math.exp(result["eval_loss"]))
+    assert result["eval_acc"] == last_eval(trained)["eval_acc"]
+    assert "perplexity" not in result and "eval_bits_per_token" not in result
     assert tree(trained) == before  # nothing written
 
 
-def test_one_and_two_ranks_score_the_whole_split_alike(trained, token_data, single_process, capsys):
-    """Without eval_batches: the whole validation split, its tail included (1,499 targets: 46
-    windows of 32 and one aligned to the end for the last 27), the same tokens and the same loss
-    on 1 and 2 ranks; run from another directory than the run's, whose config.toml records
-    the dataset's absolute path."""
+def test_one_and_two_ranks_score_every_sample_alike(trained, cli):
+    """Without eval_batches: the whole validation split, none left out on 2 ranks, the same
+    loss and accuracy as on 1 rank; run from another directory than the run's, whose
+    config.toml records the dataset's absolute path."""
     recorded = read_toml(trained / "config.toml")["dataset"]
-    assert Path(recorded).is_absolute() and Path(recorded).resolve() == token_data.resolve()
-    args = ["evaluate", f"run_dir={trained}", "device=cpu"]
-    a = evaluated(capsys, *args[1:])
+    assert Path(recorded).is_absolute() and Path(recorded) == trained.parent / "data"
+    args = ["evaluate", f"run_dir={trained}", "device=cpu", "batch_size=100"]
+    a = json.loads(cli(*args).stdout)
     (first, out, err), (second, out1, err1) = two_ranks([args, args])
     assert [first.returncode, second.returncode] == [0, 0], err[-2000:]
     assert "reseeded" not in err + err1  # a 1-rank run's random states: evaluate draws none
     b = json.loads(out)
     assert (a["ranks"], b["ranks"], b["step"], out1) == (1, 2, 6, "")  # rank 0 prints
-    assert a["scored_tokens"] == b["scored_tokens"] == b["scoreable_tokens"] == VAL_TOKENS - 1
-    assert a["split"] == "val" and "the last aligned to the shard's end" in a["scheme"]
-    assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-6)
+    assert a["scored_samples"] == b["scored_samples"] == b["scoreable_samples"] == VAL_SAMPLES
+    assert a["split"] == "val"
+    assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == pytest.approx(a["eval_loss"])
 
 
 @pytest.mark.parametrize(
     "args, expected",
     [
         ([], "evaluate needs run_dir=DIR"),
-        (["n_layer=4"], "not n_layer (the model is the checkpoint's)"),
-        (["dataset=synthetic", "vocab_size=512"], "not vocab_size"),
+        (["hidden_dim=4"], "not hidden_dim (the model is the checkpoint's)"),
+        (["dataset=synthetic", "num_features=3"], "not num_features"),
     ],
 )
 def test_wrong_arguments_are_one_line(trained, args, expected, cli):
@@ -134,66 +108,6 @@ def test_a_directory_without_a_run_is_one_line(tmp_path, cli):
     assert done.returncode == 2 and "no config.toml" in done.stderr.strip().splitlines()[-1]
 
 
-def test_a_classifier_scores_every_sample_on_one_and_two_ranks(tmp_path, cli):
-    """201 validation samples: none left out on 2 ranks (one rank has one more, the other runs
-    one batch more that is not counted), the same loss and accuracy as on 1 rank."""
-    run_dir = tmp_path / "mlp"
-    assert cli(*TINY_MLP, f"run_dir={run_dir}", *ARGS, "eval_samples=201").returncode == 0
-    args = ["evaluate", f"run_dir={run_dir}", "device=cpu", "batch_size=100"]
-    a = json.loads(cli(*args).stdout)
-    (first, out, err), _ = two_ranks([args, args])
-    assert first.returncode == 0, err[-2000:]
-    b = json.loads(out)
-    assert {"eval_loss", "eval_acc"} <= a.keys() and "perplexity" not in a
-    assert a["scored_samples"] == b["scored_samples"] == b["scoreable_samples"] == 201
-    assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == pytest.approx(a["eval_loss"])
-
-
-def test_a_hugging_face_directory_as_it_is_scores_as_in_transformers(
-    token_data, tmp_path, single_process, capsys
-):
-    """The baseline of a fine-tuning run: a Llama directory's own weights on the dataset, on 1
-    and 2 ranks, equal to transformers' loss on the same windows of the last 1,500 tokens."""
-    transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=256, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.3)
-    model.save_pretrained(tmp_path / "llama")
-    args = ["evaluate", f"hf_model={tmp_path / 'llama'}", f"dataset={token_data}",
-            "hf_context_length=32", "device=cpu"]  # fmt: skip
-    a = evaluated(capsys, *args[1:])
-    (first, out, err), _ = two_ranks([args, args])
-    assert first.returncode == 0, err[-2000:]
-    b = json.loads(out)
-    assert a["hf_model"] == str(tmp_path / "llama") and "step" not in a
-    assert a["scored_tokens"] == b["scored_tokens"] == VAL_TOKENS - 1
-    ids = np.load(token_data.parent / "ids.npy")[-VAL_TOKENS:]
-    windows, labels = validation_windows(ids, 32)
-    with torch.no_grad():
-        expected = model.eval()(input_ids=windows, labels=labels).loss.item()
-    assert a["eval_loss"] == pytest.approx(expected, rel=1e-5)
-    assert b["eval_loss"] == pytest.approx(expected, rel=1e-5)
-
-
-def test_the_validation_split_prints_as_text(tmp_path, single_process, capsys):
-    """The last 1,025 bytes of the token stream (the text, then the 0 that ends its document),
-    decoded as the bytes they are (a character cut by the split's start is U+FFFD)."""
-    text = "".join(f"Zeile {i}: Grüße aus den Alpen\n" for i in range(200))
-    (tmp_path / "a.txt").write_text(text)
-    data = tmp_path / "data"
-    assert main(["make-dataset", "--text", str(tmp_path / "a.txt"), "--out", str(data)]) == 0
-    capsys.readouterr()
-    assert main(["evaluate", f"dataset={data}", "--print-split"]) == 0
-    stream = text.encode() + b"\0"
-    assert capsys.readouterr().out == stream[-1025:].decode("utf-8", errors="replace") + "\n"
-
-
 def test_a_split_that_is_not_text_is_one_line(tmp_path, single_process, capsys):
     """The dataset's kind makes the text (DatasetKind.as_text); the arrays kind has none."""
     rng = np.random.default_rng(0)
@@ -205,11 +119,6 @@ def test_a_split_that_is_not_text_is_one_line(tmp_path, single_process, capsys):
     capsys.readouterr()
     assert main(["evaluate", f"dataset={data}", "--print-split"]) == 2
     assert f"dataset {data} holds arrays data, which is not text" in one_line(capsys)
-
-
-def test_hf_model_without_a_dataset_is_one_line(tmp_path, single_process, capsys):
-    assert main(["evaluate", f"hf_model={tmp_path}"]) == 2
-    assert "evaluate hf_model=DIR needs dataset=D" in one_line(capsys)
 
 
 def test_a_damaged_checkpoint_is_named_in_one_line(trained, tmp_path, cli):

@@ -8,16 +8,20 @@ import sys
 import time
 
 import pytest
-from conftest import PACKAGE, REPO, TINY, clean_env, one_line
+import torch
+from _language import TINY_GPT
+from conftest import PACKAGE, REPO, clean_env, one_line
+from test_error_boundary import argparse_error
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands import parse
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A GPT trained for two steps on synthetic tokens (vocabulary 256: bytes)."""
     run = tmp_path_factory.mktemp("generate") / "run"
-    args = [*TINY, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
+    args = [*TINY_GPT, "max_steps=2", "checkpoint_every=2", "eval_every=0", f"run_dir={run}"]
     assert main(["train", *args]) == 0
     return run
 
@@ -121,3 +125,66 @@ def test_generate_equals_the_streamed_text(run_dir):
     assert pieces[0] == "abc" and len(pieces) > 2
     assert "".join(pieces) == generate(run_dir, "abc", 20, temperature=0.9, device="cpu", seed=3)
     json.dumps(pieces)  # plain strings
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "run_dir=runs/a", "--tokens", "5"],
+        ["generate", "--tokens", "5", "run_dir=runs/a"],
+    ],
+)
+def test_generate_takes_run_dir_key_value_anywhere(argv, capsys):
+    """test_cli_style.py's argument style, for generate."""
+    assert parse(argv).run.as_posix() == "runs/a"
+    assert capsys.readouterr().err == ""
+
+
+def test_generate_has_one_spelling_of_the_run_directory(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(["generate", "runs/a", "--tokens", "5"])
+    assert exit_.value.code == 2
+    assert "run_dir=DIR" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- test_error_boundary.py's cases
+
+
+def test_generate_refuses_an_empty_prompt_in_one_line(capsys, tmp_path):
+    assert main(["generate", f"run_dir={tmp_path}", "--prompt", ""]) == 2
+    assert "--prompt of at least one character" in one_line(capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here")
+def test_generate_on_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
+    assert main(["generate", f"run_dir={tmp_path}", "--prompt", "x", "--device", "cuda"]) == 2
+    assert "--device cuda: no GPU is usable here" in one_line(capsys)
+
+
+def test_generate_names_a_run_dir_that_does_not_exist(capsys, tmp_path):
+    """Bad input, as for evaluate: exit 2."""
+    missing = tmp_path / "no-such-run"
+    assert main(["generate", f"run_dir={missing}", "--prompt", "x"]) == 2
+    assert f"{missing} does not exist" in one_line(capsys)
+
+
+def test_a_misspelt_generate_is_named_not_read_as_an_override(capsys):
+    assert main(["generat", "run_dir=runs/a"]) == 2
+    line = one_line(capsys)
+    assert "unknown command 'generat' (did you mean generate?); choose from train," in line
+
+
+# U+0663 ARABIC-INDIC DIGIT THREE and U+FF12 FULLWIDTH DIGIT TWO: Python's int() reads 3 and 2
+@pytest.mark.parametrize(
+    "argv, option, value",
+    [
+        (["generate", "run_dir=r", "--temperature"], "--temperature", "0.\u0663"),
+        (["generate", "run_dir=r", "--top-k"], "--top-k", "\uff12"),
+    ],
+)
+def test_generates_numeric_options_take_ascii_digits_only(capsys, argv, option, value):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, value])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert f"error: argument {option}: " in line and repr(value) in line, line

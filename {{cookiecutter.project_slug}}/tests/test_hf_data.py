@@ -17,7 +17,8 @@ pytest.importorskip("tokenizers", reason="needs the [data] extra: pip install -e
 pytest.importorskip("datasets", reason="needs the [data] extra: pip install -e '.[data]'")
 pa = pytest.importorskip("pyarrow", reason="installed with datasets")
 import pyarrow.parquet as pq  # noqa: E402
-from conftest import PACKAGE, REPO, TIMEOUT_S, TINY, clean_env  # noqa: E402
+from _language import TINY_GPT  # noqa: E402
+from conftest import PACKAGE, REPO, TIMEOUT_S, clean_env  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.data import tokenizer  # noqa: E402
@@ -257,7 +258,7 @@ def test_train_resume_under_other_path_spellings_then_sample_text(
         == 0
     )
     base = [
-        *TINY,
+        *TINY_GPT,
         "vocab_size=0",
         "dropout=0.0",
         "grad_accum_steps=1",

@@ -10,7 +10,7 @@ import logging
 import warnings
 
 import pytest
-from conftest import TINY
+from _language import TINY_GPT
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 tokenizers = pytest.importorskip("tokenizers", reason="needs the [data] extra")
@@ -84,7 +84,7 @@ def test_the_export_carries_the_datasets_tokenizer_as_lm_eval_uses_it(tmp_path, 
                  str(tmp_path / "tok"), "--out", str(data)]) == 0  # fmt: skip
     assert (data / "tokenizer_config.json").is_file() and (data / "chat_template.jinja").is_file()
     run = tmp_path / "run"
-    assert main([*TINY, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
+    assert main([*TINY_GPT, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
     out = tmp_path / "out"
     assert main(["export", f"run_dir={run}", "--format", "hf", "--out", str(out)]) == 0
 
@@ -111,7 +111,7 @@ def test_a_byte_level_export_has_no_special_ids_and_loads_quietly(tmp_path, sing
     data = tmp_path / "data"
     assert main(["make-dataset", "--text", str(tmp_path / "text.txt"), "--out", str(data)]) == 0
     run = tmp_path / "run"
-    assert main([*TINY, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
+    assert main([*TINY_GPT, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
     out = tmp_path / "out"
     assert main(["export", f"run_dir={run}", "--format", "hf", "--out", str(out)]) == 0
     assert quiet_load(out, tokenizer=False)[2] == []
@@ -126,7 +126,7 @@ def test_export_refuses_a_tokenizer_swapped_after_training(tmp_path, single_proc
     assert main(["make-dataset", "--hf", str(tmp_path / "docs.jsonl"), "--tokenizer",
                  str(tmp_path / "tok"), "--out", str(data)]) == 0  # fmt: skip
     run = tmp_path / "run"
-    assert main([*TINY, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
+    assert main([*TINY_GPT, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]) == 0
     swapped = json.loads((data / "tokenizer.json").read_text())
     vocab = swapped["model"]["vocab"]
     first, second = sorted(vocab, key=vocab.get)[10:12]  # same size, two ids exchanged

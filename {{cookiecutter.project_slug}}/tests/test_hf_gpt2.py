@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, validation_windows
+from _language import TINY_GPT, validation_windows
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 pytest.importorskip("safetensors", reason="needs the [hf] extra")
@@ -91,7 +91,7 @@ def test_padding_rows_never_enter_the_loss(tmp_path, single_process, capsys):
     ids = torch.randint(0, 500, (1, 32), generator=torch.Generator().manual_seed(0))
     assert original(ids).logits.max() < -2
     run = tmp_path / "run"
-    args = [*TINY, *GPT2, *SHORT, *UNCHANGED, "vocab_size=500", f"run_dir={run}",
+    args = [*TINY_GPT, *GPT2, *SHORT, *UNCHANGED, "vocab_size=500", f"run_dir={run}",
             f"init_from={tmp_path / 'gpt2'}"]  # fmt: skip
     assert main(args) == 0
     result = evaluated([f"run_dir={run}", "device=cpu"], capsys)
@@ -105,7 +105,14 @@ def test_padding_rows_never_enter_the_loss(tmp_path, single_process, capsys):
 def test_gpt2_weights_start_a_run_and_leave_as_gpt2(tmp_path, single_process):
     original = tiny_gpt2(tmp_path / "gpt2")
     run = tmp_path / "run"
-    args = [*TINY, *GPT2, *SHORT, *UNCHANGED, f"run_dir={run}", f"init_from={tmp_path / 'gpt2'}"]
+    args = [
+        *TINY_GPT,
+        *GPT2,
+        *SHORT,
+        *UNCHANGED,
+        f"run_dir={run}",
+        f"init_from={tmp_path / 'gpt2'}",
+    ]
     # with activation checkpointing: the names in and out are the model's own all the same
     assert main([*args, "activation_checkpointing=true"]) == 0
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
@@ -138,7 +145,7 @@ def test_a_gpt_of_its_own_exports_with_its_tokenizer_and_in_shards(
     assert main(["make-dataset", "--hf", str(tmp_path / "docs.jsonl"), "--tokenizer", str(tok),
                  "--out", str(data)]) == 0  # fmt: skip
     run = tmp_path / "run"
-    args = [*TINY, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]
+    args = [*TINY_GPT, "vocab_size=0", f"dataset={data}", *SHORT, f"run_dir={run}"]
     assert main(args) == 0
     out = tmp_path / "out"
     export_hf(run, out, max_shard_bytes=40_000)  # a tiny shard size: several files and an index
@@ -182,7 +189,13 @@ def test_a_gpt2_that_is_not_the_configured_model_is_one_line(
     tmp_path, single_process, case, capsys
 ):
     tiny_gpt2(tmp_path / "gpt2")
-    args = [*TINY, *GPT2, *SHORT, f"run_dir={tmp_path / 'run'}", f"init_from={tmp_path / 'gpt2'}"]
+    args = [
+        *TINY_GPT,
+        *GPT2,
+        *SHORT,
+        f"run_dir={tmp_path / 'run'}",
+        f"init_from={tmp_path / 'gpt2'}",
+    ]
     weights = tmp_path / "gpt2" / "model.safetensors"
     expected = {
         "gelu": "set gelu=tanh",
@@ -222,7 +235,7 @@ def test_a_gpt_of_a_shorter_context_reads_the_first_positions(tmp_path, single_p
     crop_block_size), the log says so and names the model by its source."""
     original = tiny_gpt2(tmp_path / "gpt2")
     run = tmp_path / "run"
-    args = [*TINY, *GPT2, *SHORT, *UNCHANGED, "block_size=16", f"run_dir={run}",
+    args = [*TINY_GPT, *GPT2, *SHORT, *UNCHANGED, "block_size=16", f"run_dir={run}",
             f"init_from={tmp_path / 'gpt2'}"]  # fmt: skip
     assert main(args) == 0
     err = capsys.readouterr().err

@@ -11,7 +11,8 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, Ranks, checkpoint_steps, load_checkpoint, two_ranks
+from _language import TINY_GPT
+from conftest import Ranks, checkpoint_steps, load_checkpoint, two_ranks
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
@@ -217,5 +218,5 @@ def test_a_first_loss_far_above_chance_is_named(tmp_path, cli):
     done = cli(*args(tmp_path / "broken", tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "times the 5.55 of uniform predictions (ln of 256 outputs)" in done.stderr
-    gpt = cli(*TINY, f"run_dir={tmp_path / 'gpt'}", "max_steps=2")
+    gpt = cli(*TINY_GPT, f"run_dir={tmp_path / 'gpt'}", "max_steps=2")
     assert gpt.returncode == 0 and "uniform predictions" not in gpt.stderr

@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("torchvision", reason="needs the [vision] extra: pip install -e '.[vision]'")
 from PIL import Image  # noqa: E402  (Pillow comes with torchvision)
+from test_error_boundary import argparse_error  # noqa: E402
 
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 from {{ cookiecutter.package_name }}.config_keys import ConfigError  # noqa: E402
@@ -356,3 +357,21 @@ def test_without_torchvision_an_images_dataset_is_one_line(packed, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision fails
     with pytest.raises(ConfigError, match=r"images datasets needs .*torchvision.*\[vision\]"):
         open_splits(out)
+
+
+def test_shard_mb_takes_ascii_digits_only(capsys):
+    """U+FF12 FULLWIDTH DIGIT TWO: Python's float() reads 2 (test_error_boundary.py's check)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["make-dataset", "--out", "d", "--shard-mb", "\uff12.5"])
+    assert exit_.value.code == 2
+    line = argparse_error(capsys)
+    assert "error: argument --shard-mb: " in line and repr("\uff12.5") in line, line
+
+
+def test_image_size_is_the_images_kinds_own_key():
+    """A dataset kind's own keys are flat (cfg.image_size), not general keys (test_config.py)."""
+    from {{ cookiecutter.package_name }}.config import settings
+    from {{ cookiecutter.package_name }}.config.settings import GENERAL_KEYS, Config
+
+    assert "image_size" in settings.KIND_KEYS and Config().image_size == 0
+    assert "image_size" not in {k.name for k in GENERAL_KEYS}

@@ -299,6 +299,156 @@ def test_shared_code_branches_on_no_kind_of_data():
     assert kind_name_branches('unit = "tokens"\n', names) == []
 
 
+# The generated tests by workload: a bake keeps the files of its workloads. "program": every
+# bake's (the command line, the doctor, the run directory); "shared": every training bake's, run
+# on conftest.py's TINY (the classifier, models/mlp.py). A test file you add is one name here.
+TEST_FILES = {
+    "program": """conftest _faults test_alps_lint test_distributed test_doctor test_doctor_nodes
+        test_layout test_program test_rundir_lock""",
+    "shared": """_ckpt_driver test_checkpoint test_checkpoint_dcp test_cli test_cli_style
+        test_compare test_config test_config_files test_console test_data test_error_boundary
+        test_evaluate test_hostile_data test_init_from test_non_finite test_preemption
+        test_prefetch test_profiling test_resume test_run_integrity test_rundir
+        test_second_signal test_tracking test_train""",
+    "language": """_language test_benchmark_tokens test_chat test_chat_template
+        test_config_files_gpt test_evaluate_tokens test_generate test_gpt test_hf_data
+        test_hf_export test_hf_gpt2 test_hf_model test_hf_sources test_hostile_tokens
+        test_language_runs test_lora test_tokens""",
+    "images": """test_augmentation test_benchmark_images test_hostile_images test_image_formats
+        test_images test_timm test_vision test_vision_resume""",
+}
+TEST_WORKLOADS = {name: w for w, names in TEST_FILES.items() for name in names.split()}
+TESTS = REPO / "tests"
+# What only a workload has, as a shared test would name it: its models and make-dataset's inputs
+WORKLOAD_MODELS = re.compile(r"\bmodel=(gpt|hf|vision|timm)\b")
+WORKLOAD_INPUTS = {"--stdlib", "--text", "--tokens", "--hf", "--chat", "--images"}
+# an import written inside a string (a program a test runs with python -c)
+IMPORT_IN_TEXT = re.compile(r"(?:from|import) (?:\{PACKAGE\}|\w+)\.([\w.]+)(?: import ([\w, ]+))?")
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstrings' nodes: a docstring may name a workload's model."""
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def workload_uses(source: str, package: str, names_models: bool = True) -> list[str]:
+    """What `source` (a test file) uses of the language and images workloads: imports of their
+    modules (also inside functions and in programs written as strings) or of their test files,
+    and, with `names_models`, their models (model=gpt, Config(model="gpt")) and make-dataset's
+    inputs (--text)."""
+    known = set(modules()) | {m for names in WORKLOADS.values() for m in names}
+
+    def imported(target: str, names: list[str]) -> set[str]:
+        subs = {f"{target}.{name}" if target else name for name in names}
+        return {sub if sub in known else target for sub in subs}
+
+    tree = ast.parse(source)
+    found, skip = [], docstrings(tree)
+    for node in ast.walk(tree):  # an f-string is read as one text, `{PACKAGE}` as written
+        if isinstance(node, ast.JoinedStr):
+            skip |= {id(part) for part in node.values}
+            text = "".join(p.value if isinstance(p, ast.Constant) else "{X}" for p in node.values)
+            node.values = [ast.Constant(text.replace("{X}", "{PACKAGE}"))]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            top, _, rest = node.module.partition(".")
+            if top == package:
+                names = [alias.name for alias in node.names]
+                found += [f"imports {m}" for m in imported(rest, names) if workload_of(m)]
+            elif TEST_WORKLOADS.get(node.module) in WORKLOADS:
+                found.append(f"imports {node.module}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                top, _, rest = alias.name.partition(".")
+                if top == package and workload_of(rest):
+                    found.append(f"imports {rest}")
+                elif TEST_WORKLOADS.get(alias.name) in WORKLOADS:
+                    found.append(f"imports {alias.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in skip:
+                continue
+            for target, names in IMPORT_IN_TEXT.findall(node.value):
+                parts = [n.strip() for n in names.split(",")] if names else []
+                found += [f"imports {m}" for m in imported(target, parts) if workload_of(m)]
+            if names_models:
+                found += [f"names {m.group()}" for m in WORKLOAD_MODELS.finditer(node.value)]
+                found += [f"names {node.value}"] if node.value in WORKLOAD_INPUTS else []
+        elif isinstance(node, ast.keyword) and node.arg == "model" and names_models:
+            value = node.value
+            if isinstance(value, ast.Constant) and WORKLOAD_MODELS.search(f"model={value.value}"):
+                found.append(f"names model={value.value}")
+    return found
+
+
+def test_every_test_file_has_one_workload():
+    files = {p.stem for p in TESTS.glob("*.py") if p.stem.startswith(("test_", "_", "conftest"))}
+    listed = [name for names in TEST_FILES.values() for name in names.split()]
+    assert len(listed) == len(TEST_WORKLOADS), "a file listed twice in TEST_FILES"
+    unlisted = sorted(files - TEST_WORKLOADS.keys())
+    assert not unlisted, f"not in TEST_WORKLOADS (add each with its workload): {unlisted}"
+    if WORKLOAD == "all":
+        assert files == TEST_WORKLOADS.keys(), sorted(TEST_WORKLOADS.keys() - files)
+
+
+def names_models(name: str) -> bool:
+    """Whether the check of test file `name` includes the workloads' models: for the shared
+    files and conftest.py's helpers (the doctor's tests name the models that need torchvision)."""
+    return TEST_WORKLOADS[name] == "shared" or name == "conftest"
+
+
+def test_the_shared_tests_use_no_workload():
+    """A shared test file (and every bake's) runs in a bake with neither workload: it imports no
+    workload's module or test file and trains none of their models nor makes their datasets."""
+    found = {
+        name: uses
+        for name, workload in TEST_WORKLOADS.items()
+        if workload in ("program", "shared")
+        and name != "test_layout"  # its probes name the workloads on purpose
+        and (TESTS / f"{name}.py").exists()
+        and (uses := workload_uses((TESTS / f"{name}.py").read_text(), PACKAGE, names_models(name)))
+    }
+    assert not found, found
+
+
+def test_a_shared_test_using_a_workload_is_found():
+    broken = f"""
+\"\"\"Trains model=gpt in its docstring only: no use.\"\"\"
+import {PACKAGE}.models.vision
+from {PACKAGE}.models import gpt, spec_of
+from {PACKAGE}.data.tokens import TokenDataset
+from test_chat import conversations
+from conftest import TINY
+def test_x(cli):
+    \"\"\"model=hf here too.\"\"\"
+    cli("train", "model=timm", "dataset=x", "--text", "a.txt")
+    Config(model="hf")
+    Config(model="mlp")
+"""
+    broken += 'PROGRAM = f"from {' + 'PACKAGE}.make_dataset import tokens, arrays"\n'  # python -c
+    assert sorted(workload_uses(broken, PACKAGE)) == [
+        "imports data.tokens",
+        "imports make_dataset.tokens",
+        "imports models.gpt",
+        "imports models.vision",
+        "imports test_chat",
+        "names --text",
+        "names model=hf",
+        "names model=timm",
+    ]
+    assert workload_uses(broken, PACKAGE, names_models=False) == [
+        u for u in workload_uses(broken, PACKAGE) if u.startswith("imports")
+    ]
+    clean = f"from {PACKAGE}.models import spec_of\nfrom conftest import TINY\nx = 'model=mlp'\n"
+    assert workload_uses(clean, PACKAGE) == []
+
+
 def test_an_import_across_a_workload_is_found():
     graph = {"checkpoint.start": {"models.lora", "config_keys"}, "models.lora": set()}
     assert crossings(graph) == {("checkpoint.start", "models.lora")}  # before issue 56

@@ -48,11 +48,11 @@ def test_weights_holding_a_nan_are_refused_naming_the_tensor(tmp_path, single_pr
     source = tmp_path / "source"
     assert main([*TINY, f"run_dir={source}", "max_steps=1", "checkpoint_every=1"]) == 0
     weights = load_checkpoint(source, 1)["model"]["model"]
-    weights["blocks.1.mlp.c_fc.weight"][3, 5] = math.nan
+    weights["net.3.weight"][3, 5] = math.nan  # the hidden layer
     torch.save(weights, tmp_path / "nan.pt")
     capfd.readouterr()
     run_dir = tmp_path / "run"
     assert main([*TINY, f"run_dir={run_dir}", f"init_from={tmp_path / 'nan.pt'}"]) == 2
     (line,) = errors(capfd)
-    assert f"init_from={tmp_path / 'nan.pt'}: tensor blocks.1.mlp.c_fc.weight holds NaN" in line
+    assert f"init_from={tmp_path / 'nan.pt'}: tensor net.3.weight holds NaN" in line
     assert not run_dir.exists()  # nothing written

@@ -31,9 +31,9 @@ def test_reference_run_finished(reference_run):
 
 
 def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(reference_run, tmp_path):
-    """The reference run continued at lr 1000 (force_resume): a NaN or inf within a few steps,
-    found at the next log step (every step in TINY); both ranks exit 4, rank 0 says it in one
-    line, and the step-80 checkpoint is byte for byte what it was, with none after it."""
+    """The reference run continued at lr 1000 throughout (force_resume): a NaN or inf within a
+    few steps, found at the next log step (every step in TINY); both ranks exit 4, rank 0 says it
+    in one line, and the step-80 checkpoint is byte for byte what it was, with none after it."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     last = run_dir / "checkpoints" / f"step-{FINAL:08d}"
@@ -43,7 +43,7 @@ def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(referen
         return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
     before = digest()
-    extra = ["max_steps=100", "lr=1000", "force_resume=true", "dropout=0"]
+    extra = ["max_steps=100", "lr=1000", "min_lr=1000", "force_resume=true", "dropout=0"]
     ranks = train_ranks(run_dir, tmp_path / "logs", extra)
     assert ranks.wait() == [4, 4], ranks.log(0)[-3000:]
     (line,) = [line for line in ranks.log(0).splitlines() if " ERROR " in line]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from _faults import fail_writes
-from conftest import TINY, TINY_MLP
+from conftest import TINY
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config.settings import load_config, save_config
@@ -152,14 +152,14 @@ def test_a_start_refused_at_data_open_removes_only_a_new_run_dir(tmp_path, singl
     earlier checkpoint keeps every file as it was."""
     no_train_split = ["synthetic_samples=200", "eval_samples=200"]
     new = tmp_path / "new"
-    status, err = run_train([*TINY_MLP, *no_train_split, f"run_dir={new}"], capsys)
+    status, err = run_train([*TINY, *no_train_split, f"run_dir={new}"], capsys)
     assert status == 2 and "dataset has 200 samples, not more than eval_samples" in err
     assert not new.exists()
     earlier = tmp_path / "earlier"
-    assert main([*TINY_MLP, "max_steps=10", f"run_dir={earlier}"]) == 0
+    assert main([*TINY, "max_steps=10", f"run_dir={earlier}"]) == 0
     files = {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()}
     assert any(p.match("checkpoints/step-00000010/*") for p in files)
-    status, err = run_train([*TINY_MLP, *no_train_split, f"run_dir={earlier}"], capsys)
+    status, err = run_train([*TINY, *no_train_split, f"run_dir={earlier}"], capsys)
     assert status == 2 and "not more than eval_samples" in err
     assert {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()} == files
 
