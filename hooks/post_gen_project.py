@@ -81,9 +81,9 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
             """
             _ckpt_driver test_checkpoint test_checkpoint_dcp test_cli test_cli_style
             test_compare test_config test_config_files test_console test_data
-            test_error_boundary test_evaluate test_init_from test_non_finite test_preemption
-            test_prefetch test_profiling test_resume test_run_integrity test_rundir
-            test_second_signal test_tracking test_train
+            test_error_boundary test_evaluate test_hostile_data test_init_from test_non_finite
+            test_preemption test_prefetch test_profiling test_resume test_run_integrity
+            test_rundir test_second_signal test_tracking test_train
             """
         ),
     ],
@@ -103,9 +103,10 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
         *modules("commands.generate", "commands.train_tokenizer"),
         *tests(
             """
-            test_benchmark_tokens test_chat test_chat_template test_generate test_gpt
-            test_hf_data test_hf_export test_hf_gpt2 test_hf_model test_hf_sources
-            test_hostile_data test_lora test_tokens
+            _language test_benchmark_tokens test_chat test_chat_template test_config_files_gpt
+            test_evaluate_tokens test_generate test_gpt test_hf_data test_hf_export test_hf_gpt2
+            test_hf_model test_hf_sources test_hostile_tokens test_language_runs test_lora
+            test_tokens
             """
         ),
     ],
@@ -117,8 +118,8 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
         *modules("data.preprocessing", "make_dataset.images", "make_dataset.image_check"),
         *tests(
             """
-            test_augmentation test_benchmark_images test_image_formats test_images test_timm
-            test_vision test_vision_resume
+            test_augmentation test_benchmark_images test_hostile_images test_image_formats
+            test_images test_timm test_vision test_vision_resume
             """
         ),
     ],

@@ -3,11 +3,13 @@ all of them rendered and valid; regenerating adds nothing."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
 import sys
 import tomllib
+from pathlib import Path
 
 from baked_files import generated_files, rendered_answers, template_files, text_files, under
 from conftest import LUSTRE_LAYOUT, TEMPLATE_DIR, answers, run
@@ -251,3 +253,27 @@ def test_regenerating_over_a_repo_adds_no_commit(bake, tmp_path):
     assert run(["git", "rev-parse", "HEAD"], cwd=repo).stdout == head
     assert run(["git", "rev-list", "--count", "HEAD"], cwd=repo).stdout.strip() == "1"
     assert run(["git", "status", "--porcelain"], cwd=repo).stdout == ""
+
+
+def test_the_hook_and_the_layout_test_class_the_generated_tests_alike(post_gen_hook):
+    """The generated tests/test_layout.py's TEST_FILES (which a user's repository checks its
+    tests against) and the hook's WORKLOAD_PARTS (which drops them) name the same files."""
+    source = TEMPLATE_DIR / "{{cookiecutter.project_slug}}" / "tests" / "test_layout.py"
+    text = source.read_text().replace("{{ cookiecutter.package_name }}", "pkg")
+    tree = ast.parse(re.sub(r"{%.*?%}", "", text))
+    (table,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TEST_FILES"
+    ]
+    listed = {part: set(names.split()) for part, names in ast.literal_eval(table).items()}
+    in_hook = {
+        part: {Path(p).stem for p in paths if p.startswith("tests/")}
+        for part, paths in post_gen_hook.WORKLOAD_PARTS.items()
+    }
+    assert in_hook == {
+        "training": listed["shared"],
+        **{w: listed[w] for w in in_hook if w != "training"},
+    }
+    every = {p.stem for p in (source.parent).glob("*.py")} - set().union(*in_hook.values())
+    assert every == listed["program"]
