@@ -86,6 +86,18 @@ def test_an_index_json_that_is_a_fifo_is_one_line_not_a_wait(arrays, tmp_path, c
     assert "not a regular file (a directory, a FIFO or a device)" in one_line(capsys)
 
 
+@pytest.mark.parametrize("name", ["../x.npy", "/etc/passwd", "", 7])
+def test_an_arrays_index_naming_a_file_outside_its_directory_is_refused(arrays, tmp_path, name):
+    """The arrays' file names in index.json are plain names inside the dataset directory, as
+    the token shards' are: a path out of it is never opened."""
+    directory = shutil.copytree(arrays, tmp_path / "ds")
+    shutil.copy(directory / "x.npy", tmp_path / "x.npy")  # what "../x.npy" would read
+    mutated_index(directory, lambda index: index["arrays"]["x"].update(file=name))
+    cfg = SimpleNamespace(eval_samples=100, data_on_gpu=False)
+    with pytest.raises(DatasetError, match="which is not a file name inside the dataset"):
+        kinds.KINDS["arrays"].open(directory, cfg, None)
+
+
 # --- weights files ---------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .directory import DatasetError, index_fields, read_index
+from .directory import DatasetError, file_name, index_fields, read_index
 from .info import DataInfo, DatasetKind, Splits
 
 FORMAT = "npy-arrays/1"
@@ -113,7 +113,7 @@ def open_dataset(directory: Path):
     directory = Path(directory)
     index = read_index(directory, FORMAT)
     with index_fields(directory):
-        names = [str(index["arrays"][name]["file"]) for name in ("x", "y")]
+        names = [file_name(directory, index["arrays"][name]["file"]) for name in ("x", "y")]
         int(index["num_classes"])
     try:
         x, y = (np.load(directory / name, mmap_mode="r") for name in names)
