@@ -87,7 +87,8 @@ def test_a_wrong_source_is_one_line_and_writes_nothing(source_run, tmp_path, cas
     sources = {
         "missing": (tmp_path / "nowhere", "does not exist"),
         "file": (tmp_path / "weights.pt", "a file"),
-        "empty": (tmp_path / "empty", "neither a Hugging Face model directory"),
+        # (with the language workload: "neither a Hugging Face model directory nor ...")
+        "empty": (tmp_path / "empty", "a run directory with a complete checkpoint"),
         "itself": (run_dir, "this run's own run_dir"),
         "other_size": (source_run, "tensor net.0.weight is [16, 8], the model's is [32, 8]"),
     }
