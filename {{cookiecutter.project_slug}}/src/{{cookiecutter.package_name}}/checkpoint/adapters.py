@@ -10,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config_keys import load_registry
-
 {%- if cookiecutter.workload in ["all", "language"] %}
+
 ADAPTER_MODULES = (
     "lora",  # LoRA for model=hf (lora_rank > 0; the [lora] extra)
 )
 {%- else %}
+
 ADAPTER_MODULES: tuple[str, ...] = ()  # none yet: LoRA comes with the language workload
 {%- endif %}
 

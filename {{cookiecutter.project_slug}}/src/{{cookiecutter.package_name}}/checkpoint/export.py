@@ -179,14 +179,16 @@ class ExportFormat:
     help: str
     write: Callable[[Path, Path], Path]
     loaded_by: str | None = None
-
-
 {%- if cookiecutter.workload in ["all", "language"] %}
+
+
 EXPORT_MODULES = (
     "export_hf",  # --format hf: a directory transformers loads
     "export_peft",  # --format peft: a LoRA run's adapters, a directory peft loads
 )
 {%- else %}
+
+
 EXPORT_MODULES: tuple[str, ...] = ()  # `file` only: hf and peft come with the language workload
 {%- endif %}
 FILE_FORMAT = ExportFormat("file", "one state dict (.pt/.safetensors)", export_model)

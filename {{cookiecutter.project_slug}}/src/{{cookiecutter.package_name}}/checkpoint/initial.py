@@ -84,13 +84,15 @@ class InitialSource:
     recognises: Callable[[Path], bool]
     open: Callable[[Path], object]
     load: Callable[..., str]
-
-
 {%- if cookiecutter.workload in ["all", "language"] %}
+
+
 INITIAL_SOURCE_MODULES = (
     "initial_hf",  # a Hugging Face model directory (config.json + safetensors)
 )
 {%- else %}
+
+
 INITIAL_SOURCE_MODULES: tuple[str, ...] = ()  # run directories and weights files only
 {%- endif %}
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from ..config_keys import ConfigError, Key, key, load_registry, owned_keys
 from .spec import ModelSpec
-
 {%- if cookiecutter.workload in ["all", "language"] %}
+
 DEFAULT_MODEL = "gpt"  # the `model` config key's default
 {%- elif cookiecutter.workload == "images" %}
+
 DEFAULT_MODEL = "vision"  # the `model` config key's default
 {%- endif %}
 MODEL_MODULES = (
