@@ -28,8 +28,8 @@ sys.path.append(str(TEMPLATE_DIR))
 pytest_plugins = ["slurm.fixtures"]
 
 # name -> extra_context. Covered: container part {ngc, alps-extended} x {srun, torchrun}
-# and uenv part x {srun, torchrun}; ci github (default), gitlab and none; workload all (every
-# configuration but one) and program.
+# and uenv part x {srun, torchrun}; ci github (default), gitlab and none; workload all, program,
+# language and images.
 CONFIGS: dict[str, dict[str, str | bool]] = {
     # --no-input defaults: clariden, container, ngc, srun, ci=github, git_init=true
     "default": {},
@@ -70,6 +70,23 @@ CONFIGS: dict[str, dict[str, str | bool]] = {
         "workload": "program",
         "env_flavour": "both",
         "cluster": "santis",
+        "git_init": False,
+    },
+    # workload=language with the uenv flavour and torchrun, workload=images with the container
+    # flavour (Alps Extended Image) and srun: each training workload with one flavour
+    "language": {
+        "workload": "language",
+        "env_flavour": "uenv",
+        "launcher": "torchrun",
+        "cluster": "daint",
+        "ci": "gitlab",
+        "git_init": False,
+    },
+    "images": {
+        "workload": "images",
+        "env_flavour": "container",
+        "container_base": "alps-extended",
+        "ci": "none",
         "git_init": False,
     },
 }
