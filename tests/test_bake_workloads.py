@@ -17,7 +17,7 @@ LACKS = {
         *("vision.md", "torchvision", "timm", "ResNet", "resnet18", "resnet50", "ViT"),
         *("ConvNeXt", "ImageFolder", "--images", "data/augmentation.py", "[vision]", "[timm]"),
         *("model=vision", "model=timm", "vision_model", "timm_model", "image_size"),
-        *("train_crop", "auto_augment", "mixup", "cutmix", "#images"),
+        *("train_crop", "auto_augment", "mixup", "cutmix", "#images", "images kind"),
     ],
     "images": [
         *("finetune.md", "GPT", "gpt", "gpt2", "GPT-2", "LoRA", "lora_rank", "peft", "chat"),
@@ -25,7 +25,7 @@ LACKS = {
         "train-tokenizer",
         *("--stdlib", "--text", "--tokens", "--hf", "--chat", "[hf]", "[lora]", "[data]"),
         *("[hf,lora]", "stdlib-bytes", "lm-eval", "vLLM", "model=hf", "hf_model", "preset"),
-        *("n_layer", "block_size", "tiny-wide.toml", "finetune-gpt2.toml"),
+        *("n_layer", "block_size", "tiny-wide.toml", "finetune-gpt2.toml", "gpt2-124m"),
     ],
 }
 CONFIG_KEYS_TABLE = re.compile(r"<!-- config keys: .*?<!-- end -->", re.DOTALL)
