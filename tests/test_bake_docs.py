@@ -116,6 +116,10 @@ def test_readme_local_section_is_one_path(baked):
     if answers(name)["workload"] == "program":  # no dataset, no training package
         assert "doctor --device cpu" in local and "python -m pytest" in local
         return
+    if answers(name)["workload"] == "images":  # synthetic images: no dataset to make first
+        assert "--config configs/tiny.toml run_dir=runs/local " in local
+        assert "make-dataset" not in local and "fast subset" in local and "full suite" in local
+        return
     training = (path / "docs" / "training.md").read_text()
     assert "--out data/stdlib-bytes" in local and "--out data/stdlib-bytes" in training
     assert "runs/stdlib-bytes" not in readme
