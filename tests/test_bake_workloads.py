@@ -55,8 +55,9 @@ def named(text: str, word: str) -> bool:
 @pytest.mark.parametrize("workload", ["language", "images"])
 def test_no_page_names_what_the_bake_lacks(bake, workload):
     """README and docs: no page, command, model, extra, make-dataset option or key the bake
-    lacks (but the pages of NOT_YET_CLEAN, which still do). The config-keys table is `keys`'s output (its rows are the package's, checked by the
-    bake's tests/test_config.py), left out here."""
+    lacks (but the pages of NOT_YET_CLEAN, which still do). The config-keys table is `keys`'s
+    output (its rows are the package's, checked by the bake's tests/test_config.py), left out
+    here."""
     repo = bake(workload)
     found = set()
     for page in set(pages(repo)) - {YOUR_PROGRAMS}:
