@@ -198,17 +198,22 @@ def git_copy(baked_repo: Path, dest: Path, env: dict[str, str]) -> Path:
 # pytest-xdist (pytest.ini: -n auto) runs the tests on one worker per core. Every real-Slurm
 # test goes to one worker: one cluster of each kind at a time (the two-node module cuts its
 # link), and the jobs' venvs made once. Their waits (requeue, timeouts, scheduler passes) then
-# overlap the CPU-bound tests on the other worker, which starts with the longest single test.
+# overlap the CPU-bound tests on the other worker, which starts with the longest single tests.
 SLURM_MODULES = (
     "tests/test_slurm_e2e.py::",
     "tests/test_slurm_programs.py::",
     "tests/test_slurm_two_node.py::",
 )
-LONGEST = "tests/test_training_package.py::test_generated_test_suite_passes"
+# the generated suites of the training bakes, each part's tests in its own bake
+LONGEST = (
+    "tests/test_training_package.py::test_generated_test_suite_passes",
+    "tests/test_bake_language.py::test_its_language_tests_pass",
+    "tests/test_bake_images.py::test_its_image_tests_pass",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid != LONGEST)  # stable: the rest keep their order
+    items.sort(key=lambda item: item.nodeid not in LONGEST)  # stable: the rest keep their order
 
 
 def pytest_xdist_make_scheduler(config, log):
