@@ -31,9 +31,14 @@ small_number() {
 echo "== job ${SLURM_JOB_ID} start $((${SLURM_RESTART_COUNT:-0} + 1)) on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 # ---- The job's arguments and settings, all checked here, before anything starts.
+{%- if cookiecutter.workload == "program" %}
+# What runs: your command after -- (sbatch jobs/train_<flavour>.sbatch -- COMMAND [ARGS...],
+# docs/your-program.md).
+{%- else %}
 # What runs: the package (sbatch jobs/train_<flavour>.sbatch [key=value ...]), or your own
 # command after -- (sbatch jobs/train_<flavour>.sbatch -- COMMAND [ARGS...], docs/your-program.md),
 # with everything below but the config and the dataset, which are the package's.
+{%- endif %}
 program=()  # your command and its arguments
 own=0       # 1: your command runs, not the package
 if [[ "${1:-}" == -- ]]; then

@@ -73,7 +73,7 @@ COMMANDS = {
         {%- endif %}
         Command(
             "export",
-            "the model of a run's newest checkpoint: one file, or a Hugging Face dir",
+            "the model of a run's newest checkpoint: one file{{ ', or a Hugging Face dir' if cookiecutter.workload in ['all', 'language'] else '' }}",
             writes_files=True,
         ),
         Command("plot", "PNG of loss and throughput from metrics.jsonl"),
