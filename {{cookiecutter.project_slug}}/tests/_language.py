@@ -4,17 +4,34 @@ every training workload keeps), and the windows `evaluate` scores on a token spl
 from __future__ import annotations
 
 import torch
-from conftest import TINY_RUN
 
-# A tiny run of the GPT on CPU: 2 layers, 32 wide, context 32, synthetic tokens, with the run
-# keys of conftest.py's TINY (dropout, grad_accum_steps=2).
+# A tiny run of the GPT on CPU: 2 layers, 32 wide, context 32, synthetic tokens; dropout makes
+# the result depend on the restored RNG states and grad_accum_steps=2 exercises gradient sync on
+# the last micro-batch only.
 TINY_GPT = [
+    "device=cpu",
     "model=gpt",
     "preset=tiny",
     "n_embd=32",
     "block_size=32",
     "vocab_size=256",
-    *TINY_RUN,
+    "dataset=synthetic",
+    "batch_size=4",
+    "dropout=0.1",
+    "lr=0.01",
+    "warmup_steps=5",
+    "max_steps=80",
+    "log_every=1",
+    "eval_every=25",
+    "eval_batches=2",
+    "preempt_check_every=1",
+    "checkpoint_every=10",
+    "keep_checkpoints=3",
+    "async_checkpoint=false",
+    "num_workers=0",
+    "cpu_threads=1",
+    "dist_timeout_s=60",
+    "grad_accum_steps=2",
 ]
 
 

@@ -25,10 +25,15 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 # synthetic arrays; dropout makes the result depend on the restored RNG states and
 # grad_accum_steps=2 exercises gradient sync on the last micro-batch only. The language
 # workload's tiny GPT is tests/_language.py's TINY_GPT.
-# TINY_RUN: the run's keys whatever the model (the tiny GPT shares them).
-TINY_RUN = [
+TINY = [
     "device=cpu",
+    "model=mlp",
     "dataset=synthetic",
+    "synthetic_samples=1200",
+    "eval_samples=200",
+    "num_features=8",
+    "num_classes=4",
+    "hidden_dim=16",
     "batch_size=4",
     "dropout=0.1",
     "lr=0.01",
@@ -45,15 +50,6 @@ TINY_RUN = [
     "cpu_threads=1",
     "dist_timeout_s=60",
     "grad_accum_steps=2",
-]
-TINY = [
-    "model=mlp",
-    "synthetic_samples=1200",
-    "eval_samples=200",
-    "num_features=8",
-    "num_classes=4",
-    "hidden_dim=16",
-    *TINY_RUN,
 ]
 TIMEOUT_S = 300  # generous: a loaded 2-core machine starts two torch ranks in ~30 s
 
