@@ -204,12 +204,8 @@ SLURM_MODULES = (
     "tests/test_slurm_programs.py::",
     "tests/test_slurm_two_node.py::",
 )
-# the generated suites of the training bakes, each part's tests in its own bake
-LONGEST = (
-    "tests/test_training_package.py::test_generated_test_suite_passes",
-    "tests/test_bake_language.py::test_its_language_tests_pass",
-    "tests/test_bake_images.py::test_its_image_tests_pass",
-)
+# the generated suite of the training parts, in the default bake
+LONGEST = ("tests/test_training_package.py::test_generated_test_suite_passes",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

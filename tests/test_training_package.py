@@ -126,15 +126,17 @@ def test_the_docs_list_every_key_of_the_shipped_models(repo, package):
 
 @pytest.mark.timeout(1600)  # above the run's own limit below
 def test_generated_test_suite_passes(repo, post_gen_hook):
-    """The tests of the training part, and the layout test of the union; the tests every bake
-    shares (the doctor, the launcher, the lock, the linter) run in the program bake, the
-    language part's in the language bake and the images part's in the images bake
-    (tests/test_bake_program.py, test_bake_language.py, test_bake_images.py): each once."""
-    training = part_tests(repo, post_gen_hook, "training")
-    assert "tests/test_train.py" in training and "tests/test_gpt.py" not in training
-    # 6 minutes on an idle 2-core machine where one process took 9.5 (552 passed in one
-    # process when this changed), before the language and images tests moved to their bakes.
-    assert_generated_suite_passes(repo, *training, "tests/test_layout.py", timeout=1500)
+    """The tests of the three training parts (the shared training code, language, images) and the
+    layout test, in the bake of all workloads: each generated test runs in one bake only. The
+    tests every bake shares (the doctor, the launcher, the lock, the linter) run in the program
+    bake (tests/test_bake_program.py); the language and images bakes hold the same files as here
+    and prove that they are complete: every test file collects and their layout test passes
+    (tests/test_bake_language.py, test_bake_images.py). One suite, not three: each costs its
+    workers' start and its session fixtures again."""
+    parts = [part_tests(repo, post_gen_hook, part) for part in ("training", "language", "images")]
+    assert "tests/test_train.py" in parts[0] and "tests/test_gpt.py" in parts[1]
+    assert "tests/test_vision.py" in parts[2] and "tests/test_doctor.py" not in sum(parts, [])
+    assert_generated_suite_passes(repo, *sum(parts, []), "tests/test_layout.py", timeout=1500)
 
 
 def test_config_error_exit_status(repo, package):
