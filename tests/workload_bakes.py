@@ -2,10 +2,12 @@
 tests/test_bake_images.py): a bake of one training workload is complete. Every module of its
 package imports, and importing all of them loads none of the other workload's libraries;
 `python -m <pkg> --help` and each listed command's `--help` answer (in one process: the same
-`cli.main` a user's command line calls); its generated tests collect and its layout test passes
-(one pytest process); its pyproject names none of the other workload's libraries. The bake's
-other generated tests run in the default bake (`all`), which holds the same files: a generated
-test runs in one bake only (tests/test_training_package.py)."""
+`cli.main` a user's command line calls); its generated tests collect, and its layout and config
+tests pass (one pytest process: test_layout.py, and test_config*.py, which check
+configs/default.toml and docs/training.md's table of keys against the code, both of which differ
+per bake); its pyproject names none of the other workload's libraries. The bake's other
+generated tests run in the default bake (`all`), which holds the same files: a generated test
+runs in one bake only (tests/test_training_package.py)."""
 
 from __future__ import annotations
 
@@ -55,9 +57,10 @@ def check_complete(repo: Path, absent: tuple[str, ...]) -> list[str]:
         assert status in (0, None) and text.startswith(f"usage: python -m {package}"), argv
     listed = found["helps"]["--help"][1]
     assert "{" + ",".join(found["commands"]) + "}" in listed
-    # every test file collects (an import error fails the run), and test_layout.py's tests run
+    # every test file collects (an import error fails the run); the layout and config tests run
+    selected = "test_layout or test_config"
     layout = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_layout"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selected],
         cwd=repo,
         env=env,
         timeout=300,
