@@ -26,10 +26,10 @@ def package(repo) -> str:
     return repo.name.replace("-", "_")
 
 
-def test_the_bake_is_complete_without_image_code(repo, package, post_gen_hook):
+def test_the_bake_is_complete_without_image_code(repo, package, post_gen_hook, tmp_path):
     tests = part_tests(repo, post_gen_hook, "language")
     assert "tests/test_gpt.py" in tests and not (repo / "tests" / "test_vision.py").exists()
-    commands = check_complete(repo, absent=("torchvision", "timm"))
+    commands = check_complete(repo, tmp_path=tmp_path, absent=("torchvision", "timm"))
     assert commands == [
         *("train", "benchmark", "doctor", "make-dataset", "train-tokenizer", "generate"),
         *("evaluate", "export", "plot", "compare", "keys"),

@@ -12,6 +12,7 @@ runs in one bake only (tests/test_training_package.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tomllib
@@ -19,53 +20,63 @@ from pathlib import Path
 
 from conftest import package_env, run
 
-# Run inside the bake: import every module, then `--help` for the command list and for every
-# command; prints what it found as one JSON line.
-COMPLETE = """
-import contextlib, importlib, io, json, pathlib, sys
-package = sys.argv[1]
-src = pathlib.Path("src") / package
-for path in sorted(src.rglob("*.py")):
-    if path.name != "__main__.py":
-        name = ".".join(path.relative_to("src").with_suffix("").parts)
-        importlib.import_module(name.removesuffix(".__init__"))
-cli = importlib.import_module(package + ".cli")
-commands = importlib.import_module(package + ".commands").COMMANDS
-helps = {}
-for argv in (["--help"], *([name, "--help"] for name in commands)):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        try:
-            status = cli.main(argv)
-        except SystemExit as exit:
-            status = exit.code
-    helps[" ".join(argv)] = [status, out.getvalue()]
-print(json.dumps({"modules": sorted(sys.modules), "commands": list(commands), "helps": helps}))
+# A pytest plugin (`-p bake_probe`) for a run inside the bake: before the tests are collected,
+# import every module, then `--help` for the command list and for every command; writes what it
+# found as JSON to $BAKE_PROBE_OUT. One interpreter then also collects every test file and runs
+# the selected ones: torch (and transformers) are imported once, not twice.
+PROBE = """
+import contextlib, importlib, io, json, os, pathlib, sys
+
+
+def pytest_configure(config):
+    package = os.environ["BAKE_PROBE_PACKAGE"]
+    src = pathlib.Path("src") / package
+    for path in sorted(src.rglob("*.py")):
+        if path.name != "__main__.py":
+            name = ".".join(path.relative_to("src").with_suffix("").parts)
+            importlib.import_module(name.removesuffix(".__init__"))
+    cli = importlib.import_module(package + ".cli")
+    commands = importlib.import_module(package + ".commands").COMMANDS
+    helps = {}
+    for argv in (["--help"], *([name, "--help"] for name in commands)):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                status = cli.main(argv)
+            except SystemExit as exit:
+                status = exit.code
+        helps[" ".join(argv)] = [status, out.getvalue()]
+    found = {"modules": sorted(sys.modules), "commands": list(commands), "helps": helps}
+    pathlib.Path(os.environ["BAKE_PROBE_OUT"]).write_text(json.dumps(found))
 """
 
 
-def check_complete(repo: Path, absent: tuple[str, ...]) -> list[str]:
+def check_complete(repo: Path, absent: tuple[str, ...], tmp_path: Path) -> list[str]:
     """Asserts the bake is complete (this module's docstring); returns its command names."""
     package = repo.name.replace("-", "_")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "bake_probe.py").write_text(PROBE)
     env = package_env(repo)
-    found = json.loads(
-        run([sys.executable, "-c", COMPLETE, package], cwd=repo, env=env, timeout=300).stdout
+    env["PYTHONPATH"] += os.pathsep + str(probe)
+    env.update(BAKE_PROBE_PACKAGE=package, BAKE_PROBE_OUT=str(probe / "found.json"))
+    # every test file collects (an import error fails the run); the layout and config tests run
+    selected = "test_layout or test_config"
+    layout = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bake_probe"]
+        + ["-k", selected],
+        cwd=repo,
+        env=env,
+        timeout=300,
     )
+    assert re.search(r"\d+ passed, \d+ deselected in", layout.stdout), layout.stdout[-2000:]
+    found = json.loads((probe / "found.json").read_text())
     loaded = {name.split(".")[0] for name in found["modules"]} & set(absent)
     assert not loaded, f"importing the package loaded {sorted(loaded)}"
     for argv, (status, text) in found["helps"].items():
         assert status in (0, None) and text.startswith(f"usage: python -m {package}"), argv
     listed = found["helps"]["--help"][1]
     assert "{" + ",".join(found["commands"]) + "}" in listed
-    # every test file collects (an import error fails the run); the layout and config tests run
-    selected = "test_layout or test_config"
-    layout = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selected],
-        cwd=repo,
-        env=env,
-        timeout=300,
-    )
-    assert re.search(r"\d+ passed, \d+ deselected in", layout.stdout), layout.stdout[-2000:]
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     requirements = [*project["dependencies"]]
     requirements += [r for extra in project["optional-dependencies"].values() for r in extra]
