@@ -54,7 +54,7 @@ class DataKeys:
                             "its own)", bounds=(1, 2**20), resume=True)
     num_classes: int = key(10, "classifier synthetic data: classes (a directory says its own)",
                            bounds=(2, 2**24), resume=True)
-    batch_size: int = key(16, "per rank and micro-step (language models: windows of tokens)",
+    batch_size: int = key(16, "per rank and micro-step{% if cookiecutter.workload in ("all", "language") %} (language models: windows of tokens){% endif %}",
                           bounds=(1, 2**24), resume=True)
     grad_accum_steps: int = key(1, "micro-steps per optimizer step (gradients synced on the "
                                 "last)", bounds=(1, 2**16), resume=True)
