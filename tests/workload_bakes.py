@@ -51,8 +51,11 @@ def pytest_configure(config):
 """
 
 
-def check_complete(repo: Path, absent: tuple[str, ...], tmp_path: Path) -> list[str]:
-    """Asserts the bake is complete (this module's docstring); returns its command names."""
+def check_complete(
+    repo: Path, absent: tuple[str, ...], tmp_path: Path, unsaid: tuple[str, ...]
+) -> list[str]:
+    """Asserts the bake is complete (this module's docstring), and that no `--help` names a word
+    of `unsaid` (what the bake lacks); returns its command names."""
     package = repo.name.replace("-", "_")
     probe = tmp_path / "probe"
     probe.mkdir()
@@ -75,6 +78,8 @@ def check_complete(repo: Path, absent: tuple[str, ...], tmp_path: Path) -> list[
     assert not loaded, f"importing the package loaded {sorted(loaded)}"
     for argv, (status, text) in found["helps"].items():
         assert status in (0, None) and text.startswith(f"usage: python -m {package}"), argv
+    said = {(argv, w) for argv, (_, text) in found["helps"].items() for w in unsaid if w in text}
+    assert not said, sorted(said)
     listed = found["helps"]["--help"][1]
     assert "{" + ",".join(found["commands"]) + "}" in listed
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]

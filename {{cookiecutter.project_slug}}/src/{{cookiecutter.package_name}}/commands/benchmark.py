@@ -312,14 +312,18 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
         help="large: the 75M-parameter MLP (model=mlp, 1024 -> 8192 -> 8192)",
     )
     cmd.add_argument("--model", choices=tuple(MODELS), help="same as model=...")
+{%- if cookiecutter.workload in ("all", "language") %}
     cmd.add_argument("--preset", help="same as preset=..., e.g. gpt2-124m")
+{%- endif %}
 
 
 def run(args: argparse.Namespace) -> int:
     from ..config.settings import load_config
 
     extra = SIZES[args.size] + [f"model={args.model}"] * bool(args.model)
+{%- if cookiecutter.workload in ("all", "language") %}
     extra += [f"preset={args.preset}"] * bool(args.preset)
+{%- endif %}
     return main(load_config(args.config, extra + args.overrides).config)
 
 

@@ -208,7 +208,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="key=value",
-        help="run_dir=DIR or hf_model=DIR dataset=D; dataset=, eval_batches=, batch_size=, device=",
+        help="run_dir=DIR{% if cookiecutter.workload in ("all", "language") %} or hf_model=DIR dataset=D{% endif %}; dataset=, eval_batches=, batch_size=, device=",
     )
     cmd.add_argument(
         "--print-split",

@@ -95,8 +95,8 @@ def add_arguments(make: argparse.ArgumentParser) -> Any:
     make.add_argument(
         "--workers",
         type=integer_option,
-        help="parallel workers of the writers that use them (a tokenizer's threads, image "
-        "decoding processes; default: SLURM_CPUS_PER_TASK, else the CPUs given)",
+        help="parallel workers of the writers that use them (threads or processes; default: "
+        "SLURM_CPUS_PER_TASK, else the CPUs given)",
     )
     group = make.add_mutually_exclusive_group()
     for source in sources().values():
