@@ -130,9 +130,9 @@ def test_generated_test_suite_passes(repo, post_gen_hook):
     layout test, in the bake of all workloads: each generated test runs in one bake only. The
     tests every bake shares (the doctor, the launcher, the lock, the linter) run in the program
     bake (tests/test_bake_program.py); the language and images bakes hold the same files as here
-    and prove that they are complete: every test file collects and their layout test passes
-    (tests/test_bake_language.py, test_bake_images.py). One suite, not three: each costs its
-    workers' start and its session fixtures again."""
+    and prove that they are complete: every test file collects and their layout and config
+    tests pass (tests/test_bake_language.py, test_bake_images.py). One suite, not three: each
+    costs its workers' start and its session fixtures again."""
     parts = [part_tests(repo, post_gen_hook, part) for part in ("training", "language", "images")]
     assert "tests/test_train.py" in parts[0] and "tests/test_gpt.py" in parts[1]
     assert "tests/test_vision.py" in parts[2] and "tests/test_doctor.py" not in sum(parts, [])
