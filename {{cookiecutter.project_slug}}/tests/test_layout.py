@@ -339,7 +339,7 @@ def test_shared_code_reads_no_workloads_key():
         if workload_of(name) is None and (used := keys_read(path.read_text(), owned))
     }
     assert not found, found
-    before = '"""`cfg.lr`"""\nif not cfg.init_new_vocabulary:\n    x = run.cfg.vocab_sizes + cfg.lr\n'
+    before = '"""`cfg.lr`"""\nif not cfg.init_new_vocabulary:\n    x = cfg.vocab_sizes + cfg.lr\n'
     assert keys_read(before, ["init_new_vocabulary", "vocab_size", "lr"]) == [
         "init_new_vocabulary",
         "lr",

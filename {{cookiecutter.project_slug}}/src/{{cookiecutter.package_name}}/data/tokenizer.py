@@ -37,7 +37,6 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
-
 @dataclass
 class VocabularyKeys:
     """The config key of the vocabulary, the token and chat kinds' (`KIND.keys`): the GPT's
