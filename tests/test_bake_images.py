@@ -47,7 +47,8 @@ def test_the_bake_is_complete_without_language_code(repo, package, post_gen_hook
     ]
     keys = run([sys.executable, "-m", package, "keys"], cwd=repo, env=package_env(repo)).stdout
     assert '| `"vision"` | mlp, vision, timm |' in keys
-    assert "preset" not in keys and "lora_rank" not in keys and "hf_model" not in keys
+    language = ("preset", "lora_rank", "hf_model", "vocab", "token", "window", "Hugging Face")
+    assert not [word for word in language if word in keys], keys
     assert not (repo / "docs" / "finetune.md").exists()
 
 

@@ -19,6 +19,7 @@ from conftest import PACKAGE, REPO
 {%- if cookiecutter.workload != "program" %}
 
 from {{ cookiecutter.package_name }}.commands import COMMANDS
+from {{ cookiecutter.package_name }}.config import settings
 from {{ cookiecutter.package_name }}.data.kinds import KIND_MODULES
 from {{ cookiecutter.package_name }}.make_dataset.sources import SOURCE_MODULES
 from {{ cookiecutter.package_name }}.models import MODEL_MODULES
@@ -297,6 +298,53 @@ def test_shared_code_branches_on_no_kind_of_data():
         "kind in ('images',)",
     ]
     assert kind_name_branches('unit = "tokens"\n', names) == []
+
+
+def workload_keys() -> dict[str, str]:
+    """The config keys that a workload's module declares (a model's section, a dataset kind's
+    `keys`, or a section they build on), by name: the module that declares each."""
+    sections = [*settings.MODEL_SECTIONS.values(), *settings.KIND_SECTIONS]
+    found = {}
+    for section in {base for s in sections for base in s.__mro__ if base is not object}:
+        module = section.__module__.partition(".")[2]
+        if workload_of(module):
+            found |= {name: module for name in section.__dataclass_fields__}
+    return found
+
+
+def keys_read(source: str, names) -> list[str]:
+    """The keys of `names` that the code of `source` reads from a Config: `cfg.vocab_size`,
+    `run.cfg.vocab_size` (not its docstrings and comments)."""
+    return sorted(
+        {
+            node.attr
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute)
+            and node.attr in names
+            and re.search(r"\bcfg$", ast.unparse(node.value))
+        }
+    )
+
+
+def test_shared_code_reads_no_workloads_key():
+    """A key only a workload reads is declared by the workload's module (a bake without it
+    then neither lists nor documents it); shared code reads it nowhere and declares none (a
+    general key's section is a shared module's), even behind a check of the kind it has."""
+    homes = {s.__module__.partition(".")[2] for s in settings.SECTIONS}
+    assert not [home for home in homes if workload_of(home)], homes
+    owned = workload_keys()
+    found = {
+        name: used
+        for name, path in modules().items()
+        if workload_of(name) is None and (used := keys_read(path.read_text(), owned))
+    }
+    assert not found, found
+    before = '"""`cfg.lr`"""\nif not cfg.init_new_vocabulary:\n    x = cfg.vocab_sizes + cfg.lr\n'
+    assert keys_read(before, ["init_new_vocabulary", "vocab_size", "lr"]) == [
+        "init_new_vocabulary",
+        "lr",
+    ]
+    assert keys_read("x = run.cfg.vocab_size + mycfg.lr\n", ["vocab_size", "lr"]) == ["vocab_size"]
 
 
 # The generated tests by workload: a bake keeps the files of its workloads. "program": every

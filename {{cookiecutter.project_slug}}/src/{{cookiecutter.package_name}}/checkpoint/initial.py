@@ -308,7 +308,7 @@ def _from_run_dir(model, cfg, info, checkpoints: list[Path]) -> str:
         if part is None:
             raise ConfigError(f"init_from: checkpoint {checkpoint} holds no model")
         train = next((n for n, kind in parts.items() if kind == "TrainState"), None)
-        new_vocabulary = other_tokenizer(checkpoint, train, cfg, info)
+        new_ids = source_ids(checkpoint, train, cfg, info)
         prefix = f"{part}.model."
         reader = dcp.FileSystemReader(checkpoint)
         saved = {
@@ -324,36 +324,27 @@ def _from_run_dir(model, cfg, info, checkpoints: list[Path]) -> str:
             no_dist=not dist.is_initialized(),
         )
         set_model_state_dict(model, state)
-        return f"{checkpoint} (run directory{new_vocabulary})"
+        return f"{checkpoint} (run directory{new_ids})"
     raise ConfigError(
         f"init_from={checkpoints[0].parent}: none of its checkpoints passes its checks"
     )
 
 
-def other_tokenizer(checkpoint: Path, train_part: str | None, cfg, info) -> str:
-    """The source run's ids must be the new run's words: what made them, as its checkpoint
-    records it (data_info, e.g. "huggingface sha256:...", "bytes"; the kind's `ids_made_by`
-    reads it) against the new run's dataset's. Another one is refused unless
-    init_new_vocabulary=true, which the log then states ("" when the same, when either side
-    made its ids elsewhere: "external", or for a kind without ids)."""
-    made_by = KINDS[info.kind].ids_made_by if info.kind in KINDS else None
-    if made_by is None:
+def source_ids(checkpoint: Path, train_part: str | None, cfg, info) -> str:
+    """The source run's ids must mean what the new run's mean: its checkpoint's record of its
+    data (data_info's details) against the new run's dataset's, as the kind compares them
+    (`DatasetKind.source_ids`; a kind without ids: ""). A difference is a ConfigError naming
+    init_from, unless the kind's own key accepts it; then the words the log of the source adds."""
+    compare = KINDS[info.kind].source_ids if info.kind in KINDS else None
+    if compare is None:
         return ""
     extra = read_checkpoint(checkpoint, lambda key: key == f"{train_part}.extra")
     recorded = json.loads(next(iter(extra.values()), None) or "{}").get("config", {})
-    theirs = made_by((recorded.get("data_info") or {}).get("details", {}))
-    ours = made_by(info.details)
-    if theirs is None or ours is None or theirs == ours:
-        return ""
-    what = f"{checkpoint} was trained on ids of another tokenizer ({theirs}; this run's: {ours})"
-    if not cfg.init_new_vocabulary:
-        raise ConfigError(
-            f"init_from={checkpoint.parent.parent}: {what}: the same id would be another word. "
-            "Tokenise the data with the source's tokenizer, or set init_new_vocabulary=true to "
-            "start a new vocabulary from these weights on purpose"
-        )
-    log.warning("init_new_vocabulary=true: %s; its embedding rows now mean this run's tokens", what)
-    return "; init_new_vocabulary: another tokenizer's ids"
+    theirs = (recorded.get("data_info") or {}).get("details", {})
+    try:
+        return compare(checkpoint, theirs, info.details, cfg)
+    except ConfigError as err:
+        raise ConfigError(f"init_from={checkpoint.parent.parent}: {err}") from None
 
 
 def check_same_tensors(source: Path, found: dict, expected: dict) -> None:

@@ -130,6 +130,9 @@ def _all_keys() -> dict[str, Key]:
 
 
 KEYS: dict[str, Key] = _all_keys()
+# The keys that only the kinds' synthetic data and the models listing them read (load_config
+# drops them from a run that reads them nowhere), in the docs table's order.
+SYNTHETIC_KEYS = tuple(n for n in KEYS if any(n in k.synthetic_keys for k in KINDS.values()))
 
 if TYPE_CHECKING:
     Config = GeneralConfig
@@ -260,7 +263,7 @@ def load_config(
             values[name] = value
             origins.pop(name, None)  # re-inserted: keys keep the order of their last source
             origins[name] = origin
-    drop_unread_vocab_size(values, origins)
+    drop_unread_keys(values, origins)
     settle_run_length(values, origins)
     return Loaded(validate(config_from(values)), origins)
 
@@ -288,28 +291,29 @@ def settle_run_length(values: dict[str, Any], origins: dict[str, str]) -> None:
     )
 
 
-def drop_unread_vocab_size(values: dict[str, Any], origins: dict[str, str]) -> None:
-    """`vocab_size` sizes a kind's synthetic data that reads it (`DatasetKind.synthetic_keys`:
-    the tokens kind's) and a model whose spec says it reads it (the GPT's embedding). Another
-    model's run on a dataset directory (or a classifier's on synthetic data) reads it nowhere:
-    a value set for it, e.g. configs/tiny.toml's 256 for the GPT, is dropped with a line
+def drop_unread_keys(values: dict[str, Any], origins: dict[str, str]) -> None:
+    """A key that only a kind's synthetic data reads (`DatasetKind.synthetic_keys`), and the
+    models that say they read it too (`ModelSpec.reads_keys`), is read nowhere in another run
+    (another model on a dataset directory, a classifier on its own synthetic data): a value set
+    for it there, e.g. by a config file written for the other run, is dropped with a line
     instead of being recorded in config.toml as if used."""
     spec = MODELS[values.get("model", DEFAULT_MODEL)]
-    synthetic = KINDS.get(spec.reads[0])
-    synthetic_reads_it = values.get("dataset", GENERAL["dataset"].default) == "synthetic" and (
-        synthetic is not None and "vocab_size" in synthetic.synthetic_keys
-    )
-    if not values.get("vocab_size") or spec.reads_vocab_size or synthetic_reads_it:
-        return
-    log.warning(
-        "vocab_size=%s (from %s) is not read by model=%s with dataset=%s (it sizes synthetic "
-        "tokens and the models that say they read it): left at its default, %s",
-        values.pop("vocab_size"),
-        origins.pop("vocab_size"),
-        spec.name,
-        values.get("dataset", GENERAL["dataset"].default),
-        GENERAL["vocab_size"].default,
-    )
+    dataset = values.get("dataset", GENERAL["dataset"].default)
+    synthetic = KINDS.get(spec.reads[0]) if dataset == "synthetic" else None
+    read = {*spec.reads_keys, *(synthetic.synthetic_keys if synthetic else ())}
+    for name in SYNTHETIC_KEYS:
+        if not values.get(name) or name in read:
+            continue
+        log.warning(
+            "%s=%s (from %s) is not read by model=%s with dataset=%s (only synthetic data and "
+            "the models that say so read it): left at its default, %s",
+            name,
+            values.pop(name),
+            origins.pop(name),
+            spec.name,
+            dataset,
+            toml_value(KEYS[name].default),
+        )
 
 
 def parse_items(items: Sequence[str], origin: str) -> Settings:

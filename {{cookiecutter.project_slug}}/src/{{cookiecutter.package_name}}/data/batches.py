@@ -44,8 +44,6 @@ from .info import Splits
 class DataKeys:
     dataset: str = key("synthetic", '"synthetic" or a directory written by make-dataset',
                        resume=True)
-    vocab_size: int = key(0, "language models: vocabulary (0: the dataset's; synthetic: 50257)",
-                          bounds=(0, 2**24), resume=True)
     synthetic_samples: int = key(16384, "classifier synthetic data: samples",
                                  bounds=(1, 2**31 - 1), resume=True)
     eval_samples: int = key(2048, "classifier: samples held out from the end for evaluation",

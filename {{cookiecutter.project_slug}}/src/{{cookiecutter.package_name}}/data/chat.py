@@ -39,6 +39,7 @@ from .directory import (
     token_ids,
 )
 from .info import IGNORE_INDEX, DataInfo, DatasetKind, Splits, token_batch
+from .tokenizer import VocabularyKeys
 
 FORMAT = "chat/1"
 MASK_DTYPE = np.dtype("u1")
@@ -182,4 +183,4 @@ def open_chat(directory: Path, cfg, spec) -> Splits:
     return Splits(train=splits["train"], val=splits["val"], info=info)
 
 
-KIND = DatasetKind(name="chat", format=FORMAT, open=open_chat)
+KIND = DatasetKind(name="chat", format=FORMAT, open=open_chat, keys=VocabularyKeys)

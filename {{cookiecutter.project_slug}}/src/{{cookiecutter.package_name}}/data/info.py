@@ -105,11 +105,14 @@ class DatasetKind:
     keys: the kind's own config keys, a dataclass whose fields are `key(...)`s, as a model's
         (config_keys.py); the registry joins them to a run's config, where the kind reads them
         by name (`cfg.image_size`). None: it reads general keys only.
-    synthetic_keys: the general config keys its synthetic data reads (the tokens kind:
-        vocab_size); a value set for one that nothing in the run reads is dropped with a line.
-    ids_made_by(details): what made the ids of a dataset of this kind ("bytes", a tokenizer's
-        sha256), from a DataInfo's details; None where nothing says. init_from refuses a run
-        trained on ids that another made (their same id is another word). None: no ids.
+    synthetic_keys: the config keys (its own or general) that only its synthetic data reads,
+        and a model whose spec lists them in `reads_keys` (the tokens kind: vocab_size); a value
+        set for one that nothing in the run reads is dropped with a line.
+    source_ids(checkpoint, theirs, ours, cfg): init_from a run directory's `checkpoint`: whether
+        its weights read this run's ids as their own (`theirs`: the details of the DataInfo that
+        checkpoint records; `ours`: this run's). A ConfigError says why not (the tokens kind:
+        another tokenizer made them, the same id would be another word); else what the log of
+        the loaded source adds ("" when the ids are the same or nothing says). None: no ids.
     export_fields(details): what an exported file's metadata needs to use the model on data of
         this kind without this package (an image model's evaluation transform), as strings
         from a DataInfo's details. None: nothing.
@@ -128,7 +131,7 @@ class DatasetKind:
     synthetic: Callable[[Any, Any], Splits] | None = None
     keys: type | None = None
     synthetic_keys: tuple[str, ...] = ()
-    ids_made_by: Callable[[dict], str | None] | None = None
+    source_ids: Callable[[Path, dict, dict, Any], str] | None = None
     export_fields: Callable[[dict], dict[str, str]] | None = None
     plain_training_set: Callable[[Path, dict, Any], tuple[Any, str]] | None = None
     inline_windows: Callable[[Any], Callable[..., tuple[Any, Any]]] | None = None

@@ -9,11 +9,12 @@ recorded is data/recorded_tokenizer.py's; training one is make_dataset/tokenizer
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..config_keys import first_line, optional_import
+from ..config_keys import first_line, key, optional_import
 from .directory import DatasetError, file_sha256
 
 BYTE_VOCAB = 256  # the byte-level tokenizer: an id per byte
@@ -34,6 +35,15 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # tokenizer_config.json (next to tokenizer.json) names no eos_token: GPT-2/Qwen, Llama 3,
 # Llama 2/Mistral, Gemma.
 SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+@dataclass
+class VocabularyKeys:
+    """The config key of the vocabulary, the token and chat kinds' (`KIND.keys`): the GPT's
+    embedding rows and synthetic tokens read it (`cfg.vocab_size`)."""
+
+    vocab_size: int = key(0, "a language model's vocabulary (0: the dataset's; synthetic: 50257)",
+                          bounds=(0, 2**24), resume=True)  # fmt: skip
 
 
 def encode_bytes(text: str) -> np.ndarray:

@@ -27,13 +27,15 @@ drawn: at most block_size per 2**28 tokens).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..config_keys import ConfigError
+from ..config_keys import ConfigError, key
 from .directory import (
     DatasetError,
     ShardFile,
@@ -44,8 +46,10 @@ from .directory import (
     token_ids,
 )
 from .info import DataInfo, DatasetKind, Splits, token_batch
-from .tokenizer import recorded_codec
+from .tokenizer import VocabularyKeys, recorded_codec
 from .windows import ValidationWindows, window_draws
+
+log = logging.getLogger(__name__.split(".")[0])
 
 FORMAT = "tokens/1"
 SYNTHETIC_TOKENS = 2**20  # dataset=synthetic: uniform random tokens, nothing to learn
@@ -312,6 +316,34 @@ def tokenizer_identity(details: dict) -> str | None:
     return f"{kind} sha256:{digest}" if digest else None
 
 
+@dataclass
+class TokenKeys(VocabularyKeys):
+    """The tokens kind's own config keys (`KIND.keys`): the vocabulary's, and whether a run may
+    start from weights trained on another tokenizer's ids (`source_ids`)."""
+
+    init_new_vocabulary: bool = key(False, "init_from a run trained on another tokenizer: "
+                                    "take its weights for a new vocabulary on purpose")  # fmt: skip
+
+
+def source_ids(checkpoint: Path, theirs: dict, ours: dict, cfg) -> str:
+    """init_from a run trained on token data (`DatasetKind.source_ids`): which tokenizer made its
+    ids against which made this run's, from their DataInfo details. Another one is refused
+    unless init_new_vocabulary=true, which the log then states ("" when the same, or when
+    either side made its ids elsewhere: "external", synthetic)."""
+    was, now = tokenizer_identity(theirs), tokenizer_identity(ours)
+    if was is None or now is None or was == now:
+        return ""
+    what = f"{checkpoint} was trained on ids of another tokenizer ({was}; this run's: {now})"
+    if not cfg.init_new_vocabulary:
+        raise ConfigError(
+            f"{what}: the same id would be another word. Tokenise the data with the source's "
+            "tokenizer, or set init_new_vocabulary=true to start a new vocabulary from these "
+            "weights on purpose"
+        )
+    log.warning("init_new_vocabulary=true: %s; its embedding rows now mean this run's tokens", what)
+    return "; init_new_vocabulary: another tokenizer's ids"
+
+
 def validation_text(directory: Path) -> Iterator[str]:
     """The validation split as text (evaluate --print-split), decoded by the tokenizer that made
     it, in pieces of at most TEXT_PIECE tokens, each cut after a document's end where one is (so
@@ -340,8 +372,9 @@ KIND = DatasetKind(
     format=FORMAT,
     open=lambda directory, cfg, spec: token_splits(TokenDataset.open(directory), cfg, spec),
     synthetic=lambda cfg, spec: token_splits(synthetic_tokens(cfg), cfg, spec),
+    keys=TokenKeys,
     synthetic_keys=("vocab_size",),
-    ids_made_by=tokenizer_identity,
+    source_ids=source_ids,
     inline_windows=inline_windows,
     as_text=validation_text,
 )

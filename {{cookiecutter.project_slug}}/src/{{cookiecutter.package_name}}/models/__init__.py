@@ -37,14 +37,18 @@ MODELS: dict[str, ModelSpec] = load_registry(__name__, MODEL_MODULES, "SPEC")
 @dataclass
 class ModelKeys:
     """The model of a run and what it starts from; each model's own keys are in its module."""
+{%- if cookiecutter.workload in ["all", "language"] %}
 
     init_from: str = key("", "start a new run from weights: a run_dir, a Hugging Face model dir "
                          "or a weights file (.pth, .bin, .safetensors)")  # fmt: skip
+{%- else %}
+
+    init_from: str = key("", "start a new run from weights: a run_dir or a weights file (.pth, "
+                         ".bin, .safetensors)")  # fmt: skip
+{%- endif %}
     model: str = key(DEFAULT_MODEL, "the model to train: a module in models/ "
                      "(docs/your-model.md)", choices=tuple(MODELS), resume=True)  # fmt: skip
     dropout: float = key(0.0, "dropout probability", bounds=(0, 1), closed="[)", resume=True)
-    init_new_vocabulary: bool = key(False, "init_from a run trained on another tokenizer: "
-                                    "take its weights for a new vocabulary on purpose")  # fmt: skip
 
 
 def spec_of(cfg) -> ModelSpec:

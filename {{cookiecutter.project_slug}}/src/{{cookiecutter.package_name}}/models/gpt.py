@@ -312,7 +312,7 @@ SPEC = spec.ModelSpec(
     check=check,
     describe=describe,
     architecture=as_built,
-    reads_vocab_size=True,
+    reads_keys=("vocab_size",),
     hf=spec.HFAdapter(  # GPT-2's format (gpt_hf.py); the real vocabulary, not the padded one
         from_hf=lambda cfg, info, hf, names, _: gpt_hf.from_hf(
             hf, names, config_of(cfg, info), cfg.vocab_size or info.vocab_size

@@ -216,9 +216,11 @@ class ModelSpec:
     architecture(cfg, info): the run's config with the model's sizes as built where it says
         "0: the preset's" or "the dataset's" (exported files record these); None: its keys say
         it all.
-    reads_vocab_size: the model's size follows the `vocab_size` key (the GPT's embedding). Else
-        only synthetic tokens read it: on a dataset directory the key is dropped from the
-        run's config with a warning (config/settings.py), not recorded as if it were used.
+    reads_keys: the keys of its kinds' synthetic data (`DatasetKind.synthetic_keys`) that the
+        model reads too, whatever the dataset (the GPT: vocab_size, its embedding's rows). A
+        model that does not list one leaves it to synthetic data alone: on a dataset directory
+        it is dropped from the run's config with a line (config/settings.py), not recorded as
+        if it were used.
     head(cfg, info): the names of the classifier head's tensors (their shapes follow the
         dataset's number of classes): `init_from=` a weights file made for other classes leaves
         them as built and loads the rest; None: every tensor must match.
@@ -246,7 +248,7 @@ class ModelSpec:
     initial_weights: Callable[[Any], str | None] | None = None
     architecture: Callable[[Any, DataInfo], Any] | None = None
     head: Callable[[Any, DataInfo], Collection[str]] | None = None
-    reads_vocab_size: bool = False
+    reads_keys: tuple[str, ...] = ()
     keep_files: Callable[[Any, Path], None] | None = None
     preprocessing: Callable[[Any], dict] | None = None
 
