@@ -29,20 +29,11 @@ LACKS = {
         *("vocab_size", "init_new_vocabulary"),
     ],
 }
-CONFIG_KEYS_TABLE = re.compile(r"<!-- config keys: .*?<!-- end -->", re.DOTALL)
 
 
 def pages(repo: Path) -> list[str]:
     return ["README.md", *sorted(f for f in generated_files(repo) if f.startswith("docs/"))]
 
-
-# Pages whose body still names parts of the other workload (issue 56: their sections of the GPT
-# or the images are not conditioned yet; their module map and keys table are). The test fails
-# when one of them is clean, so that it leaves this table, and when any other page is not.
-NOT_YET_CLEAN = {
-    "language": set(),
-    "images": {"docs/your-model.md"},
-}
 
 # Every bake's page of your own programs: its examples are programs of yours (one trains a
 # torchvision model), not the package's, the same in every bake.
@@ -56,15 +47,13 @@ def named(text: str, word: str) -> bool:
 @pytest.mark.parametrize("workload", ["language", "images"])
 def test_no_page_names_what_the_bake_lacks(bake, workload):
     """README and docs: no page, command, model, extra, make-dataset option or key the bake
-    lacks (but the pages of NOT_YET_CLEAN, which still do). The config-keys table is `keys`'s
-    output (its rows are the package's, checked by the bake's tests/test_config.py), left out
-    here."""
+    lacks, the config-keys table (`keys`'s output) included."""
     repo = bake(workload)
     found = set()
     for page in set(pages(repo)) - {YOUR_PROGRAMS}:
-        text = CONFIG_KEYS_TABLE.sub("", (repo / page).read_text())
+        text = (repo / page).read_text()
         found |= {(page, word) for word in LACKS[workload] if named(text, word)}
-    assert {page for page, _ in found} == NOT_YET_CLEAN[workload], sorted(found)
+    assert not found, sorted(found)
 
 
 @pytest.mark.parametrize("workload", ["language", "images"])

@@ -1,13 +1,18 @@
 """A user's own model in one file and one line (docs/your-model.md of the generated repo).
 
 The model file and the registry line are copied out of the docs page itself, into a copy of a
-baked repository; no other file of the package is touched. The new model then trains with DDP
-and with FSDP on two CPU ranks (torchrun), resumes bit-exactly, refuses a changed key of its own,
-exports, and generates text.
+baked repository; no other file of the package is touched. In the default bake the page's
+language model then trains with DDP and with FSDP on two CPU ranks (torchrun), resumes
+bit-exactly, refuses a changed key of its own, exports, and generates text. The images bake's page
+adds an image classifier instead: its own commands, shrunk, train it, resume it bit-exactly,
+evaluate and export it in one interpreter (the two-rank runs are the default bake's to prove).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -89,3 +94,89 @@ def test_a_model_in_one_file_trains_resumes_exports_and_generates(user_repo, tmp
     prompt = ["--prompt", "def ", "--tokens", "20", "--device", "cpu"]
     sampled = python(repo, package, "generate", f"run_dir={run_dir}", *prompt)
     assert sampled.stdout.startswith("def ") and len(sampled.stdout) > 10
+
+
+# The images bake's page, docs/your-model.md: its training command (synthetic images from
+# configs/tiny.toml), then the same command again (the resume), its evaluate and its export, run
+# as its words say in a copy of the bake, with these keys added: a few steps on tiny images.
+SHRUNK = [
+    *("max_steps=4", "checkpoint_every=2", "async_checkpoint=false", "batch_size=4"),
+    *("synthetic_samples=32", "eval_samples=8", "image_size=16"),
+]
+
+# Runs each step in one interpreter, from the repo copy: a list is `python -m <package> ARGS`
+# (the package's cli.main, as the generated conftest's `cli` fixture calls it), a string is
+# Python run in one shared namespace; a marker with the step's exit status ends each step's output.
+DRIVER = """
+import importlib, json, sys
+main = importlib.import_module(sys.argv[1] + ".cli").main
+namespace = {}
+for step in json.loads(sys.argv[2]):
+    status = main(step) if isinstance(step, list) else exec(step, namespace)
+    for stream in (sys.stdout, sys.stderr):
+        print(f"<<exit {status or 0}>>", file=stream, flush=True)
+"""
+
+
+def page_commands(text: str, package: str) -> dict[str, list[str]]:
+    """The page's `python -m <package>` command lines (`\\` joined), as the argument lists the
+    package gets: "train" (the one without `dataset=`), "evaluate", "export"."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+    lines = [line for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    found = {}
+    for words in (shlex.split(line) for line in lines if line.startswith("python -m ")):
+        if words[2] == package and not any(w.startswith("dataset=") for w in words):
+            found.setdefault("train" if words[3].startswith("--") else words[3], words[3:])
+    return found
+
+
+@pytest.fixture(scope="module")
+def image_repo(bake, tmp_path_factory) -> tuple[Path, str]:
+    """A copy of the images bake with its page's model file and registry line added."""
+    repo = tmp_path_factory.mktemp("own-image-model") / "repo"
+    return repo, add_from_docs(
+        bake("images"), repo, "your-model.md", "models/smallcnn.py", "models/__init__.py", '"mlp",'
+    )
+
+
+def test_an_image_model_in_one_file_trains_resumes_evaluates_and_exports(image_repo):
+    repo, package = image_repo
+    page = (repo / "docs" / "your-model.md").read_text()
+    commands = page_commands(page, package)
+    train = [*commands["train"], *SHRUNK]
+    assert "model=smallcnn" in train and "run_dir=runs/smallcnn" in train
+    (export_out,) = [w for w in commands["export"] if w.endswith(".pt")]
+    reload = page.split("<!-- reload: smallcnn.pt -->", 1)[1].split("```python\n", 1)[1]
+    steps = [
+        train,
+        ["export", "run_dir=runs/smallcnn", "--out", "uninterrupted.pt"],
+        "import shutil; shutil.rmtree('runs/smallcnn/checkpoints/step-00000004')",
+        train,  # the same command continues from step 2
+        commands["evaluate"],
+        commands["export"],
+        [*train, "smallcnn_width=64"],  # a changed key of the model: refused
+        reload.split("```", 1)[0],  # the page's code, reading the export back into SmallCNN
+        "first = torch.load('uninterrupted.pt', weights_only=True)\n"
+        "assert first.keys() == model.state_dict().keys() and 'head.weight' in first\n"
+        "assert all(torch.equal(first[k], v) for k, v in model.state_dict().items()), 'resume'",
+    ]
+    done = run(
+        [sys.executable, "-c", DRIVER, package, json.dumps(steps)],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    err = re.split(r"<<exit (\d+)>>\n", done.stderr)
+    out = re.split(r"<<exit (\d+)>>\n", done.stdout)
+    assert err[1::2] == ["0"] * 6 + ["2", "0", "0"], done.stderr[-6000:]
+    first, resumed, changed = err[0], err[6], err[12]
+    assert "training the image classifier smallcnn" in first and "(dataset synthetic)" in first
+    assert "training finished at step 4" in first
+    assert "from checkpoint step 2" in resumed and "training finished at step 4" in resumed
+    scores = json.loads(out[8].strip().splitlines()[-1])
+    assert scores["scored_images"] == 8 and 0 <= scores["eval_acc"] <= 1
+    assert (repo / export_out).is_file()
+    (line,) = [line for line in changed.splitlines() if "error" in line.lower()]
+    assert "smallcnn_width: 32 -> 64" in line and "Traceback" not in changed
