@@ -6,7 +6,7 @@ node shaped like an Alps GH200 node, and a SPANK plugin (tests/slurm/alps_spank.
 container starts: every step runs the repo's venv on this machine's python3 (CPU, gloo).
 
 Coverage (one job per behaviour; tests/test_slurm_two_node.py adds what needs two hosts:
-srun DDP preempted and resumed bit-exactly, torchrun FSDP after the doctor, a lost node):
+srun DDP preempted and resumed bit-exactly, torchrun HSDP after the doctor, resumed, a lost node):
 uenv+srun runs to completion after the doctor and makes the dataset (a failing doctor stops the
 job: tests/test_slurm_programs.py, whose jobs run beside one another); the Alps Extended
 container+torchrun script (--mpi=pmix) is preempted (USR2 -> checkpoint

@@ -208,12 +208,18 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         assert any(key.startswith("/rng/") for key in resumed_state), sorted(resumed_state)
 
 
-def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, dataset):
-    """uenv + torchrun (its configuration asks for 2 nodes), FSDP: one agent per node, the
-    doctor first (clock offset and all-reduce bandwidth between the hosts), then training."""
+def test_two_node_torchrun_hsdp_after_the_doctor_trains_and_resumes_bit_exactly(
+    cluster, repo, tmp_path, dataset
+):
+    """uenv + torchrun (its configuration asks for 2 nodes), HSDP with one shard group per node
+    (hsdp_shard=0: the node's 2 ranks) replicated across the two: one agent per node, the doctor
+    first (clock offset and all-reduce bandwidth between the hosts), then training. Then the
+    same command again, without the doctor, on the run directory with its last checkpoint moved
+    aside: it resumes from step 20 and ends on the first job's step 40 bit for bit (2 x 2: every
+    reduction adds two values, whose sum does not depend on the order)."""
     target = repo("uenv-torchrun", "uenv")
     doctor = {"DOCTOR": "1", "DOCTOR_ARGS": "--device cpu"}
-    args = [*jobs.QUICK, "parallelism=fsdp"]
+    args = [*jobs.QUICK, "parallelism=hsdp"]
     sub = jobs.submit(
         cluster, target, tmp_path, args, dataset, doctor, TORCHRUN_SHAPE, ranks=4, single_node=False
     )
@@ -230,11 +236,32 @@ def test_two_node_torchrun_fsdp_after_the_doctor(cluster, repo, tmp_path, datase
         assert offset, text[-3000:]
         between = re.search(r"OK +internode +busbw (\d+\.\d+) GB/s .*2 node", text)
         assert between and float(between.group(1)) > 0, text[-3000:]
+        # ranks 0, 1 on the first node and 2, 3 on the second: a node's ranks are one group
         check_placement(sub, cluster, per_node=2)
+        assert "parallelism=hsdp: each block sharded over a group of 2 ranks, 2 replicas" in text
         jobs.check_ranks_trained(sub, max_steps=40)
         jobs.check_checkpoint(sub, 40)
-        assert 'parallelism = "fsdp"' in (sub.run_dir / "config.toml").read_text()
+        assert 'parallelism = "hsdp"' in (sub.run_dir / "config.toml").read_text()
         jobs.check_environment_requests(sub)
+
+    first = tmp_path / "first-step-40"
+    (sub.run_dir / "checkpoints" / "step-00000040").rename(first)
+    again = jobs.submit(
+        cluster, target, tmp_path, args, dataset, {}, TORCHRUN_SHAPE, ranks=4, single_node=False
+    )
+    with jobs.explained(again):
+        job = again.wait(timeout=jobs.JOB_TIMEOUT)
+        text = again.text()
+        assert job.state == "COMPLETED" and job.exit_code == (0, 0)
+        resumed = re.findall(r"\[rank0\] \S+ WARNING RESUMING .* from checkpoint step (\d+)", text)
+        assert resumed == ["20"], text[-3000:]
+        check_placement(again, cluster, per_node=2)
+        final = again.run_dir / "checkpoints" / "step-00000040"
+        resumed_state = checkpoint_tensors(final, tmp_path / "resumed.pt")
+        first_state = checkpoint_tensors(first, tmp_path / "first.pt")
+        assert resumed_state.keys() == first_state.keys()
+        differ = [k for k in resumed_state if not torch.equal(resumed_state[k], first_state[k])]
+        assert not differ, f"the resumed run is not the uninterrupted one: {differ}"
 
 
 def test_two_node_hello_ddp_with_both_launchers(cluster, repo, tmp_path):

@@ -3,10 +3,12 @@
     python tests/_ckpt_driver.py save|load DIR     (RANK, WORLD_SIZE, MASTER_ADDR/PORT set;
                                                     without them: one process, no group)
 
-save: train a replicated (DDP) and an FSDP2 model, checkpoint steps 2 and 4 (DDP synchronously,
-FSDP asynchronously), record what a resumed run must reproduce, then start an async save of
+save: train a replicated (DDP), an HSDP (FSDP2 on a world x 1 mesh: every rank a replica of
+shards of one rank) and an FSDP2 model, checkpoint steps 2 and 4 (FSDP asynchronously, the
+others synchronously), record what a resumed run must reproduce, then start an async save of
 step 6 and SIGKILL itself before it can complete.
-load: load the newest checkpoint of each and record what it restored.
+load: load the newest checkpoint of each (and the HSDP one into FSDP: another layout and shard
+size) and record what it restored.
 Records go to DIR/out/<mode>-w<world>-<kind>-rank<r>.pt for the test to compare.
 """
 
@@ -44,8 +46,10 @@ def build(kind: str, world: int):
         for _ in range(3)
     ]
     model = torch.nn.Sequential(*blocks, torch.nn.Linear(16, 4))
-    if kind == "fsdp":
-        mesh = init_device_mesh("cpu", (world,))
+    if kind in ("fsdp", "hsdp"):
+        shape = (world,) if kind == "fsdp" else (world, 1)
+        names = None if kind == "fsdp" else ("replicate", "shard")
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -92,9 +96,11 @@ def main(mode: str, root: Path) -> None:
         torch.save(values, out / f"{mode}-w{world}-{kind}-rank{rank}.pt")
 
     # (checkpoint directory, how this run wraps the model, async saves)
-    runs = [("ddp", "ddp", False), ("fsdp", "fsdp", True)]
+    runs = [("ddp", "ddp", False), ("hsdp", "hsdp", False), ("fsdp", "fsdp", True)]
     if not dist.is_initialized():  # one process without a process group
         runs = [("single", "ddp", False)]
+    if mode == "load":
+        runs.append(("hsdp", "fsdp", False))  # an HSDP checkpoint into FSDP's one dimension
     if mode == "load" and world == 1:
         runs.append(("fsdp", "plain", False))  # an FSDP checkpoint into an unwrapped model
     if mode == "load" and world == 2:

@@ -52,6 +52,9 @@ TINY = [
     "grad_accum_steps=2",
 ]
 TIMEOUT_S = 300  # generous: a loaded 2-core machine starts two torch ranks in ~30 s
+# TINY on 4 ranks with HSDP: two shard groups of 2 ranks (hsdp_shard=2), each a replica; 30
+# steps, so 3 checkpoints (test_resume.py compares it with FSDP and DDP, kills and resumes it)
+HSDP_4 = ["parallelism=hsdp", "hsdp_shard=2", "max_steps=30"]
 
 
 def free_port() -> int:
@@ -242,26 +245,29 @@ def assert_same_training_state(run_a: Path, run_b: Path, step: int) -> None:
         assert_identical(a[part], b[part], part)
 
 
-def kill_9_then_resume(argv: list[str], run_dir: Path, log_dir: Path, kill_at: int, final: int):
-    """2 ranks of `argv` (which trains into `run_dir` up to step `final`) killed with SIGKILL
-    once step `kill_at` is logged, then the same command again: it resumes from a checkpoint
-    written before the kill and finishes. The caller compares the result with its reference."""
-    ranks = Ranks(argv, log_dir / "killed")
+def kill_9_then_resume(
+    argv: list[str], run_dir: Path, log_dir: Path, kill_at: int, final: int, world: int = 2
+):
+    """`world` ranks of `argv` (which trains into `run_dir` up to step `final`) killed with
+    SIGKILL once step `kill_at` is logged, then the same command again: it resumes from a
+    checkpoint written before the kill and finishes. The caller compares the result with its
+    reference."""
+    ranks = Ranks(argv, log_dir / "killed", world)
     ranks.wait_for_step(run_dir, kill_at)  # some step between checkpoints
     assert ranks.running(), "the run finished before it could be killed"
     ranks.send(signal.SIGKILL)
     ranks.wait()
     killed_at = checkpoint_steps(run_dir)
     assert killed_at and max(killed_at) < final, killed_at
-    again = Ranks(argv, log_dir / "again")
-    assert again.wait() == [0, 0], again.log(0)[-3000:]
+    again = Ranks(argv, log_dir / "again", world)
+    assert again.wait() == [0] * world, again.log(0)[-3000:]
     assert "RESUMING" in again.log(0)
 
 
-def finished_reference(tmp_path_factory, name: str, extra: list[str]) -> Path:
+def finished_reference(tmp_path_factory, name: str, extra: list[str], world: int = 2) -> Path:
     run_dir = tmp_path_factory.mktemp(name) / "run"
-    ranks = train_ranks(run_dir, run_dir.parent / "logs", extra)
-    assert ranks.wait() == [0, 0], ranks.log(0)[-3000:]
+    ranks = train_ranks(run_dir, run_dir.parent / "logs", extra, world)
+    assert ranks.wait() == [0] * world, ranks.log(0)[-3000:]
     return run_dir
 
 
@@ -272,9 +278,10 @@ def reference_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fsdp_reference_run(tmp_path_factory) -> Path:
-    """The same run with FSDP2 (parameters sharded over the 2 ranks)."""
-    return finished_reference(tmp_path_factory, "reference-fsdp", ["parallelism=fsdp"])
+def hsdp_reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted 4-rank HSDP run of TINY (HSDP_4: FSDP2 on a 2 x 2 mesh); its rank 0's
+    log is `<run_dir>/../logs/rank0.log`."""
+    return finished_reference(tmp_path_factory, "reference-hsdp", HSDP_4, world=4)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Checkpoints across ranks (gloo on CPU): written by 2 ranks, loaded by 1 and by 2 (replicated
-DDP model and FSDP2 `fully_shard` model), an async save killed before it completed is skipped,
+DDP model, FSDP2 `fully_shard` model, HSDP's 2-D mesh, and HSDP's checkpoint into FSDP), an
+async save killed before it completed is skipped,
 and every rank's random states come back. The ranks run tests/_ckpt_driver.py."""
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def test_killed_async_save_is_skipped(runs):
     assert checkpoint.complete_steps(root / "fsdp") == [2, 4]
 
 
-@pytest.mark.parametrize("name", ["ddp-into-ddp", "fsdp-into-fsdp", "fsdp-into-plain"])
+@pytest.mark.parametrize(
+    "name",
+    ["ddp-into-ddp", "fsdp-into-fsdp", "fsdp-into-plain", "hsdp-into-hsdp", "hsdp-into-fsdp"],
+)
 def test_two_rank_checkpoint_loads_with_one_rank(runs, name):
     root, logs = runs
     saved = record(root, f"save-w2-{name.split('-')[0]}-into-{name.split('-')[0]}-rank0")
@@ -94,7 +98,7 @@ def test_two_rank_checkpoint_loads_with_one_rank(runs, name):
     assert loaded["rng_note"] is None
 
 
-@pytest.mark.parametrize("name", ["ddp-into-ddp", "fsdp-into-fsdp"])
+@pytest.mark.parametrize("name", ["ddp-into-ddp", "fsdp-into-fsdp", "hsdp-into-hsdp"])
 def test_two_rank_checkpoint_resumes_bit_identically_with_two_ranks(runs, name):
     root, _ = runs
     for rank in (0, 1):
@@ -105,6 +109,15 @@ def test_two_rank_checkpoint_resumes_bit_identically_with_two_ranks(runs, name):
         assert_identical(saved["after"], loaded["after"], f"rank {rank} after one more step")
         if rank == 0:
             assert_identical(saved["state"], loaded["state"])
+
+
+def test_hsdp_checkpoint_loads_into_fsdp_with_two_ranks(runs):
+    """Written on a 2 x 1 mesh (replicas), read on FSDP's one dimension of 2 (shards)."""
+    root, _ = runs
+    saved = record(root, "save-w2-hsdp-into-hsdp-rank0")
+    loaded = record(root, "load-w2-hsdp-into-fsdp-rank0")
+    assert loaded["step"] == 4
+    assert_identical(saved["state"], loaded["state"])
 
 
 def test_one_process_checkpoint_loads_with_two_ranks_and_reseeds_the_new_rank(runs):

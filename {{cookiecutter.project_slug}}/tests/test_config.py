@@ -143,7 +143,8 @@ def test_unknown_key_suggests_the_closest_ones(typed, meant):
         ("max_steps=\u0661\u0662", r"'max_steps' expects an integer"),  # Arabic-Indic 12
         ("run_dir=a\nb", r"'run_dir' expects one line of printable text"),
         ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
-        ("parallelism=zero3", r"'parallelism' must be one of ddp, fsdp"),
+        ("parallelism=zero3", r"'parallelism' must be one of ddp, fsdp, hsdp"),
+        ("hsdp_shard=-1", r"'hsdp_shard' must be in \[0, 1000000\]"),
         ("model=llama", r"'model' must be one of (.+, )?mlp"),  # the models of this repository
         ("run_dir=", r"'run_dir' must not be empty"),
         ("dropout=1", r"'dropout' must be in \[0, 1\), got 1.0"),

@@ -1,24 +1,40 @@
-"""Exact resume on 2 CPU ranks (gloo): after kill -9 and after a preemption signal to one rank,
-with DDP and with FSDP2; and resharding (a 2-rank checkpoint continued by 1 rank).
+"""Exact resume on CPU ranks (gloo): after kill -9 with HSDP on 4 ranks (FSDP2 on a 2 x 2 mesh:
+the code every sharded layout shares, tested on the MLP every training workload keeps) and after
+a preemption signal to one of 2 DDP ranks; the same losses under HSDP, FSDP and DDP; resharding
+(a 4-rank HSDP checkpoint continued by FSDP on 2 ranks and by DDP on 1); HSDP's refusals.
 
 Each interrupted run must end with model, optimizer, schedule and RNG state bit-identical to the
 uninterrupted reference run (same seeds, same world size; gloo on CPU is deterministic).
 """
 
 import hashlib
+import json
 import re
 import shutil
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import (
+    HSDP_4,
+    REPO,
+    TIMEOUT_S,
     TINY,
+    Ranks,
     assert_same_training_state,
     checkpoint_steps,
+    free_port,
     kill_9_then_resume,
     last_logged_step,
+    rank_env,
     train_ranks,
 )
+
+from {{ cookiecutter.package_name }} import parallel
+from {{ cookiecutter.package_name }}.config.settings import ConfigError, load_config
 
 FINAL = 80
 
@@ -56,19 +72,135 @@ def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(referen
     assert not (run_dir / "REQUEUE").exists()
 
 
-def kill_mid_run_then_resume(reference, tmp_path, extra=()):
+def kill_mid_run_then_resume(reference, tmp_path, extra, world, kill_at, final):
     run_dir = tmp_path / "run"
     argv = [*TINY, f"run_dir={run_dir}", *extra]
-    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at=47, final=FINAL)
-    assert_same_training_state(reference, run_dir, FINAL)
+    kill_9_then_resume(argv, run_dir, tmp_path / "logs", kill_at, final, world)
+    assert_same_training_state(reference, run_dir, final)
 
 
-def test_kill_9_then_same_command_resumes_exactly(reference_run, tmp_path):
-    kill_mid_run_then_resume(reference_run, tmp_path)
+def test_hsdp_kill_9_then_same_command_resumes_exactly(hsdp_reference_run, tmp_path):
+    """What a kill leaves on disk does not depend on the layout (DDP's exact resume: the
+    signal's test below); HSDP's 4 ranks hold the most kinds of state: shards and replicas."""
+    kill_mid_run_then_resume(hsdp_reference_run, tmp_path, HSDP_4, world=4, kill_at=15, final=30)
 
 
-def test_fsdp_kill_9_then_resumes_exactly(fsdp_reference_run, tmp_path):
-    kill_mid_run_then_resume(fsdp_reference_run, tmp_path, ["parallelism=fsdp"])
+LAYOUTS = {"hsdp": ["hsdp_shard=2"], "fsdp": [], "ddp": []}
+
+
+def train_layouts(out: Path) -> None:
+    """One of 4 ranks (`python tests/test_resume.py OUT`): TINY built by the package's build()
+    and stepped by its train_step() under each layout in turn, in one process group (one start
+    of 4 interpreters, not 3); this rank's losses to OUT/rank<r>.json."""
+    from {{ cookiecutter.package_name }} import distributed
+    from {{ cookiecutter.package_name }}.training.build import build, input_pipeline
+    from {{ cookiecutter.package_name }}.training.step import train_step
+
+    losses = {}
+    with distributed.process_group(60, 1, "cpu") as (env, device):
+        for layout, keys in LAYOUTS.items():
+            cfg = load_config(None, [*TINY, "max_steps=20", f"parallelism={layout}", *keys]).config
+            run = build(cfg, env, device)
+            _, inputs = input_pipeline(run, cfg.max_steps)
+            try:
+                losses[layout] = [float(train_step(run, inputs)) for _ in range(cfg.max_steps)]
+            finally:
+                inputs.close()
+    (out / f"rank{env.rank}.json").write_text(json.dumps(losses))
+
+
+def test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks(tmp_path):
+    """The same model, data and per-rank dropout on 4 ranks: HSDP (2 groups of 2), FSDP over
+    all 4 and DDP differ only in the order of the gradients' reduction: each rank's loss, step
+    by step, within 1e-5."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(tmp_path)],
+            cwd=REPO,
+            env=rank_env(rank, 4, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(4)
+    ]
+    outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs[0][-3000:]
+    assert "each block sharded over a group of 2 ranks, 2 replicas" in outputs[0]
+    for rank in range(4):
+        losses = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert len(losses["hsdp"]) == 20
+        for layout in ("fsdp", "ddp"):
+            assert losses[layout] == pytest.approx(losses["hsdp"], abs=1e-5), (rank, layout)
+
+
+def test_hsdp_checkpoint_resumes_under_fsdp_on_two_ranks_and_ddp_on_one(
+    hsdp_reference_run, tmp_path, cli
+):
+    """Resharding across layouts: the 4-rank HSDP run's step-10 checkpoint continued by FSDP
+    on 2 ranks and by DDP on 1 (in this process), no force; that the tensors come back
+    exactly whatever the layout: test_checkpoint_dcp.py."""
+    runs = {}
+    for name in ("fsdp", "ddp"):
+        run_dir = tmp_path / name
+        shutil.copytree(hsdp_reference_run, run_dir)
+        for step in (20, 30):
+            shutil.rmtree(run_dir / "checkpoints" / f"step-{step:08d}")
+        runs[name] = run_dir
+    argv = [*TINY, "max_steps=30", "eval_every=0"]
+    fsdp = Ranks([*argv, f"run_dir={runs['fsdp']}", "parallelism=fsdp"], tmp_path / "logs")
+    ddp = cli("train", *argv, f"run_dir={runs['ddp']}", "parallelism=ddp")
+    assert fsdp.wait() == [0, 0], fsdp.log(0)[-3000:]
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    for run_dir, log, world in ((runs["fsdp"], fsdp.log(0), 2), (runs["ddp"], ddp.stderr, 1)):
+        assert "from checkpoint step 10" in log and f"world size 4 -> {world}" in log
+        assert checkpoint_steps(run_dir)[-1] == 30 and last_logged_step(run_dir) == 30
+
+
+def test_hsdp_refuses_in_one_line_what_it_cannot_shard(tmp_path, cli):
+    """On one rank (nothing to shard or replicate; the run directory is not made), a world that
+    is not a multiple of the shard groups, hsdp_shard with another layout, fp16."""
+    run_dir = tmp_path / "run"
+    cases = [
+        (["parallelism=hsdp"], "hsdp on one rank has nothing to shard or replicate; train on"),
+        (["parallelism=fsdp", "hsdp_shard=2"], "'hsdp_shard' applies to parallelism=hsdp, but"),
+        (["parallelism=hsdp", "precision=fp16"], "fp16 is not supported with hsdp; use bf16"),
+    ]
+    for overrides, message in cases:
+        refused = cli("train", *TINY, f"run_dir={run_dir}", *overrides)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        (line,) = [line for line in refused.stderr.splitlines() if " INFO " not in line]
+        assert message in line
+        assert not run_dir.exists()
+    cfg = load_config(None, ["parallelism=hsdp"]).config
+    assert parallel.mesh_shape(cfg, 8, 4) == (2, 4)  # hsdp_shard=0: a node's ranks
+    with pytest.raises(ConfigError, match=r"world size 6 is not a multiple of hsdp_shard=0, the 4"):
+        parallel.check_layout(cfg, 6, 4)
+    cfg = load_config(None, ["parallelism=hsdp", "hsdp_shard=4"]).config
+    with pytest.raises(ConfigError, match=r"world size 2 is not a multiple of hsdp_shard=4"):
+        parallel.check_layout(cfg, 2, 2)
+
+
+def test_hsdp_places_each_parameter_on_a_replicate_x_shard_mesh(tmp_path):
+    """apply_fsdp with a (replicate, shard) shape: the parameters are DTensors replicated on
+    the first dimension and sharded by rows on the second (one process: a 1 x 1 mesh)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from {{ cookiecutter.package_name }}.models import mlp
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        parallel.apply_fsdp(mlp.SPEC, model, torch.device("cpu"), False, False, (1, 1))
+        for param in model.parameters():
+            assert isinstance(param, DTensor)
+            assert param.placements == (Replicate(), Shard(0))
+            assert param.device_mesh.mesh_dim_names == ("replicate", "shard")
+    finally:
+        dist.destroy_process_group()
 
 
 def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_run, tmp_path):
@@ -95,19 +227,5 @@ def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_
     assert_same_training_state(reference_run, run_dir, FINAL)
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_two_rank_checkpoint_resumes_on_one_rank(parallelism, tmp_path):
-    """Resharding: the same command on fewer ranks continues from the checkpoint, no force."""
-    run_dir = tmp_path / "run"
-    extra = [f"parallelism={parallelism}", "max_steps=40", "eval_every=0", "checkpoint_every=0"]
-    first = train_ranks(run_dir, tmp_path / "logs1", extra)
-    first.wait_for_step(run_dir, 10)
-    first.send(signal.SIGUSR2)
-    assert first.wait() == [3, 3], first.log(0)[-3000:]
-    (stopped,) = checkpoint_steps(run_dir)
-
-    one = train_ranks(run_dir, tmp_path / "logs2", extra, world=1)
-    assert one.wait() == [0], one.log(0)[-3000:]
-    log = one.log(0)
-    assert f"from checkpoint step {stopped}" in log and "world size 2 -> 1" in log
-    assert checkpoint_steps(run_dir) == [stopped, 40] and last_logged_step(run_dir) == 40
+if __name__ == "__main__":  # a rank of test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks
+    train_layouts(Path(sys.argv[1]))

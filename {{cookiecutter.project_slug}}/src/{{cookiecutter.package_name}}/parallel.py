@@ -1,12 +1,15 @@
-"""How the model is spread over the ranks: DDP (a full replica per rank) or FSDP2 (parameters,
-gradients and optimizer state sharded over the ranks), plus activation checkpointing and
-torch.compile. Everything here is torch; the model's spec names its repeated blocks
-(`ModelSpec.blocks`: the GPT's transformer blocks; a spec without blocks, like the MLP's, is
-sharded, compiled and never activation-checkpointed as one unit).
+"""How the model is spread over the ranks: DDP (a full replica per rank), FSDP2 (parameters,
+gradients and optimizer state sharded over all ranks) or HSDP (FSDP2 on a 2-D mesh: sharded
+within groups of `hsdp_shard` ranks, by default one node's, and replicated across the groups),
+plus activation checkpointing and torch.compile. Everything here is torch; the model's spec
+names its repeated blocks (`ModelSpec.blocks`: the GPT's transformer blocks; a spec without
+blocks, like the MLP's, is sharded, compiled and never activation-checkpointed as one unit).
 
 When to use which: DDP while the model, its gradients and AdamW's two moments fit on one GPU
 (about 16 bytes per parameter in fp32: ~5B parameters on a 96 GB GH200 before activations);
-FSDP beyond that, or to fit a larger batch.
+FSDP beyond that, or to fit a larger batch; HSDP when FSDP's per-step gathers over every node
+cost more than the memory of one replica per group: each block's parameters are then gathered
+over a node's NVLink only, and only the gradients cross the network between nodes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from .config_keys import key
+from . import distributed
+from .config_keys import ConfigError, key
 
 log = logging.getLogger(__package__)
 
@@ -35,11 +39,79 @@ class ParallelKeys:
                          choices=("auto", "bf16", "fp16", "fp32"), resume=True)
     compile: bool = key(False, "torch.compile each block (see the benchmark figures)")
     tf32: bool = key(True, 'TF32 matmuls on GPU (torch.set_float32_matmul_precision("high"))')
-    parallelism: str = key("ddp", "ddp (a replica per rank) or fsdp (FSDP2: sharded over ranks)",
-                           choices=("ddp", "fsdp"))
+    parallelism: str = key("ddp", "ddp (a replica per rank), fsdp (FSDP2: sharded over all ranks) "
+                           "or hsdp (sharded within groups of hsdp_shard ranks, replicated "
+                           "across them)", choices=("ddp", "fsdp", "hsdp"))
+    hsdp_shard: int = key(0, "hsdp: the ranks of one shard group; the world size must be a "
+                          "multiple (0: the ranks of one node, LOCAL_WORLD_SIZE)",
+                          bounds=(0, 10**6))
     activation_checkpointing: bool = key(False, "recompute each block in backward: less memory")
-    cpu_offload: bool = key(False, "fsdp: parameters and optimizer state in CPU memory")
+    cpu_offload: bool = key(False, "fsdp, hsdp: parameters and optimizer state in CPU memory")
 # fmt: on
+
+SHARDED = ("fsdp", "hsdp")  # the layouts of FSDP2: each rank holds parts (DTensors) of tensors
+
+
+def sharded(cfg) -> bool:
+    """Whether the run's layout shards parameters, gradients and optimizer state (FSDP2)."""
+    return cfg.parallelism in SHARDED
+
+
+def check_layout_keys(cfg) -> None:
+    """The layout's relations between keys (config/settings.py's `validate` asks)."""
+    if sharded(cfg) and cfg.precision == "fp16":
+        raise ConfigError(
+            f"config key 'precision': fp16 is not supported with {cfg.parallelism}; use bf16"
+        )
+    if cfg.hsdp_shard and cfg.parallelism != "hsdp":
+        raise ConfigError(
+            f"config key 'hsdp_shard' applies to parallelism=hsdp, but this run's parallelism "
+            f"is {cfg.parallelism}; remove it or set parallelism=hsdp"
+        )
+
+
+def mesh_shape(cfg, world: int, local_world: int) -> tuple[int, ...]:
+    """The device mesh of a sharded layout: fsdp's one dimension of all ranks; hsdp's
+    (replicate, shard) = (world / shard, shard), the shard group being `hsdp_shard` ranks or,
+    with 0, the ranks of one node (`local_world`: LOCAL_WORLD_SIZE, or srun's tasks per node).
+    Consecutive ranks form a group, and both launchers number a node's ranks consecutively, so
+    a node's group gathers over NVLink and only the replicas' gradient reduction crosses nodes."""
+    if cfg.parallelism != "hsdp":
+        return (world,)
+    shard = cfg.hsdp_shard or local_world
+    if world % shard:
+        given = (
+            f"hsdp_shard={shard}"
+            if cfg.hsdp_shard
+            else f"hsdp_shard=0, the {shard} ranks of one node"
+        )
+        raise ConfigError(
+            f"config key 'hsdp_shard': the world size {world} is not a multiple of {given}: "
+            "parallelism=hsdp shards each block within groups of hsdp_shard ranks"
+        )
+    return (world // shard, shard)
+
+
+def check_layout(cfg, world: int, local_world: int) -> None:
+    """`train`'s refusals of its layout, before anything is written; collective. hsdp on one
+    rank has nothing to shard or replicate; its groups need a world that is a multiple of
+    them and, with hsdp_shard=0, nodes that run the same number of ranks."""
+    if cfg.parallelism != "hsdp":
+        return
+    if world == 1:
+        raise ConfigError(
+            "config key 'parallelism': hsdp on one rank has nothing to shard or replicate; "
+            "train on one rank with parallelism=ddp (an hsdp checkpoint resumes under it)"
+        )
+    if not cfg.hsdp_shard:  # every rank's own node: they must agree before building a mesh
+        per_node = distributed.all_gather_object(local_world)
+        if len(set(per_node)) > 1:
+            counts = ", ".join(str(n) for n in sorted(set(per_node)))
+            raise ConfigError(
+                f"config key 'hsdp_shard': 0 (the ranks of one node) needs the same number of "
+                f"ranks on every node, but the nodes run {counts}; set hsdp_shard"
+            )
+    mesh_shape(cfg, world, local_world)
 
 
 def blocks_of(spec, model: nn.Module) -> nn.ModuleList | None:
@@ -72,13 +144,25 @@ def apply_compile(spec, model: nn.Module) -> None:
         block.compile()
 
 
-def apply_fsdp(spec, model: nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> None:
+def apply_fsdp(
+    spec,
+    model: nn.Module,
+    device: torch.device,
+    bf16: bool,
+    cpu_offload: bool,
+    mesh_shape: tuple[int, ...] | None = None,
+) -> None:
     """FSDP2: each block is one shard unit (its parameters are gathered just before it runs and
-    freed after), then the root holds the rest (embeddings, final norm)."""
+    freed after), then the root holds the rest (embeddings, final norm). On a 2-D mesh
+    (`mesh_shape` (replicate, shard)) this is HSDP: a unit is gathered within its shard group;
+    its gradients are reduce-scattered there, then all-reduced between the groups' replicas.
+    Default: one dimension of all ranks (fsdp)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    shape = mesh_shape or (torch.distributed.get_world_size(),)
+    names = ("replicate", "shard") if len(shape) == 2 else None
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     options: dict = {"mesh": mesh}
     if bf16:  # compute in bf16, reduce gradients in fp32, keep fp32 master weights
         options["mp_policy"] = MixedPrecisionPolicy(
@@ -91,24 +175,43 @@ def apply_fsdp(spec, model: nn.Module, device: torch.device, bf16: bool, cpu_off
     fully_shard(model, **options)
 
 
-def parallelize(model: nn.Module, spec, cfg, world: int, device: torch.device, bf16: bool):
+def parallelize(
+    model: nn.Module,
+    spec,
+    cfg,
+    world: int,
+    device: torch.device,
+    bf16: bool,
+    *,
+    local_world: int,
+):
     """Returns (model, uses_autocast). The model is moved to `device` and wrapped in place;
-    `spec` (models.spec.ModelSpec) says which blocks are its units."""
+    `spec` (models.spec.ModelSpec) says which blocks are its units; `local_world` is the
+    number of ranks on this node (hsdp_shard=0's group)."""
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(spec, model)
     if cfg.compile:
         apply_compile(spec, model)
-    if cfg.parallelism == "fsdp" and world > 1:
+    if sharded(cfg) and world > 1:
+        shape = mesh_shape(cfg, world, local_world)
+        if len(shape) == 2:
+            log.info(
+                "parallelism=hsdp: each block sharded over a group of %d ranks, %d replicas",
+                shape[1],
+                shape[0],
+            )
         if on_meta(model):  # shard first: each rank then allocates its own part only
-            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
+            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload, shape)
             materialize(model, device)
         else:
             if not cfg.cpu_offload:
                 model.to(device)
-            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload)
+            apply_fsdp(spec, model, device, bf16, cfg.cpu_offload, shape)
         return model, not bf16  # FSDP's policy casts the parameters: no autocast on top
-    if cfg.parallelism == "fsdp":
-        log.info("parallelism=fsdp with one rank: nothing to shard, training unsharded")
+    if sharded(cfg):
+        log.info(
+            "parallelism=%s with one rank: nothing to shard, training unsharded", cfg.parallelism
+        )
     if on_meta(model):
         materialize(model, device)
     model.to(device)

@@ -217,18 +217,20 @@ def tied_names(state: dict) -> dict[str, str]:
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """This rank's part of a model tensor and the row of the whole tensor where it starts: all
-    of a plain (DDP) tensor; under FSDP2 a chunk of rows (dim 0 split as torch.chunk splits)."""
+    of a plain (DDP) tensor; under FSDP2 a chunk of rows (dim 0 split as torch.chunk splits)
+    over the mesh's shard dimension (hsdp: its replicate dimension holds copies)."""
     if not isinstance(tensor, DTensor):
         return tensor, 0
     local = tensor.to_local()
-    (placement,) = tensor.placements
-    if placement.is_replicate():
+    sharded = [dim for dim, p in enumerate(tensor.placements) if not p.is_replicate()]
+    if not sharded:
         return local, 0
-    if not placement.is_shard(0):
-        raise ValueError(f"cannot load a tensor placed {placement}")
+    (dim,) = sharded
+    if not tensor.placements[dim].is_shard(0):
+        raise ValueError(f"cannot load a tensor placed {tensor.placements[dim]}")
     rows = tensor.shape[0]
-    chunk = -(-rows // tensor.device_mesh.size())
-    return local, min(tensor.device_mesh.get_local_rank() * chunk, rows)
+    chunk = -(-rows // tensor.device_mesh.size(dim))
+    return local, min(tensor.device_mesh.get_local_rank(dim) * chunk, rows)
 
 
 def open_weights_file(path: Path) -> WeightsFile:

@@ -40,7 +40,7 @@ from ..data.kinds import KINDS
 from ..distributed import DistributedKeys
 from ..models import DEFAULT_MODEL, MODELS, ModelKeys, model_keys, spec_of
 from ..optim import OptimizerKeys
-from ..parallel import ParallelKeys
+from ..parallel import ParallelKeys, check_layout_keys
 from ..run.atomic import atomic_write_text
 from ..run.preemption import CheckpointKeys, PreemptionKeys
 from ..telemetry.metrics import TelemetryKeys
@@ -218,8 +218,7 @@ def validate(cfg) -> Config:
             f"config key 'activation_checkpointing' needs a model with repeated blocks; "
             f"model={cfg.model} declares none"
         )
-    if cfg.parallelism == "fsdp" and cfg.precision == "fp16":
-        raise ConfigError("config key 'precision': fp16 is not supported with fsdp; use bf16")
+    check_layout_keys(cfg)
     if spec.check is not None:
         spec.check(cfg)
     return cfg

@@ -97,7 +97,9 @@ def build(cfg: Config, env: DistEnv, device: torch.device, start: Start | None =
     flops = spec.training_flops_per_sample(cfg, net, source.info, data.example_batch(source, cfg))
     flops *= cfg.batch_size * cfg.grad_accum_steps
     bf16 = dtype == torch.bfloat16 and device.type == "cuda"
-    model, use_autocast = parallel.parallelize(net, spec, cfg, env.world_size, device, bf16)
+    model, use_autocast = parallel.parallelize(
+        net, spec, cfg, env.world_size, device, bf16, local_world=env.local_world_size
+    )
     optimizer = make_optimizer(model, cfg, device)
     scheduler = make_schedule(optimizer, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)

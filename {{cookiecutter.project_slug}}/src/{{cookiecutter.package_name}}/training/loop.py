@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, distributed
+from .. import checkpoint, distributed, parallel
 from ..checkpoint.start import Start, open_start
 from ..config.settings import Config, ConfigError
 from ..config_keys import parse_every
@@ -56,6 +56,7 @@ def train(cfg: Config, origins: dict[str, str] | None = None) -> int:
         ),
     ):
         check_ranks_agree("configuration", run_identity(cfg))  # before anything is written
+        parallel.check_layout(cfg, env.world_size, env.local_world_size)
         with hold_run_dir(RunDir(cfg.run_dir), env) as lock:
             return run_training(cfg, env, device, flag, lock, start, origins)
 
