@@ -88,31 +88,48 @@ def test_hsdp_kill_9_then_same_command_resumes_exactly(hsdp_reference_run, tmp_p
 LAYOUTS = {"hsdp": ["hsdp_shard=2"], "fsdp": [], "ddp": []}
 
 
+def layout_runs() -> dict[str, list[str]]:
+    """The runs the layouts are compared on: TINY, and the tiny GPT where the bake has it (its
+    blocks are what HSDP shards in a language model)."""
+    from {{ cookiecutter.package_name }}.models import MODELS
+
+    runs = {"mlp": TINY}
+    if "gpt" in MODELS:
+        from _language import TINY_GPT
+
+        runs["gpt"] = TINY_GPT
+    return runs
+
+
 def train_layouts(out: Path) -> None:
-    """One of 4 ranks (`python tests/test_resume.py OUT`): TINY built by the package's build()
-    and stepped by its train_step() under each layout in turn, in one process group (one start
-    of 4 interpreters, not 3); this rank's losses to OUT/rank<r>.json."""
+    """One of 4 ranks (`python tests/test_resume.py OUT`): each of layout_runs() built by the
+    package's build() and stepped by its train_step() under each layout in turn, in one process
+    group (one start of 4 interpreters, not 6); this rank's losses to OUT/rank<r>.json."""
     from {{ cookiecutter.package_name }} import distributed
     from {{ cookiecutter.package_name }}.training.build import build, input_pipeline
     from {{ cookiecutter.package_name }}.training.step import train_step
 
     losses = {}
     with distributed.process_group(60, 1, "cpu") as (env, device):
-        for layout, keys in LAYOUTS.items():
-            cfg = load_config(None, [*TINY, "max_steps=20", f"parallelism={layout}", *keys]).config
-            run = build(cfg, env, device)
-            _, inputs = input_pipeline(run, cfg.max_steps)
-            try:
-                losses[layout] = [float(train_step(run, inputs)) for _ in range(cfg.max_steps)]
-            finally:
-                inputs.close()
+        for model, argv in layout_runs().items():
+            for layout, keys in LAYOUTS.items():
+                overrides = ["max_steps=20", f"parallelism={layout}", *keys]
+                cfg = load_config(None, [*argv, *overrides]).config
+                run = build(cfg, env, device)
+                _, inputs = input_pipeline(run, cfg.max_steps)
+                try:
+                    losses[f"{model} {layout}"] = [
+                        float(train_step(run, inputs)) for _ in range(cfg.max_steps)
+                    ]
+                finally:
+                    inputs.close()
     (out / f"rank{env.rank}.json").write_text(json.dumps(losses))
 
 
 def test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks(tmp_path):
     """The same model, data and per-rank dropout on 4 ranks: HSDP (2 groups of 2), FSDP over
     all 4 and DDP differ only in the order of the gradients' reduction: each rank's loss, step
-    by step, within 1e-5."""
+    by step, within 1e-5, for the MLP and (where the bake has it) the tiny GPT."""
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -130,9 +147,15 @@ def test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks(tmp_path):
     assert "each block sharded over a group of 2 ranks, 2 replicas" in outputs[0]
     for rank in range(4):
         losses = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert len(losses["hsdp"]) == 20
-        for layout in ("fsdp", "ddp"):
-            assert losses[layout] == pytest.approx(losses["hsdp"], abs=1e-5), (rank, layout)
+        for model in layout_runs():
+            hsdp = losses[f"{model} hsdp"]
+            assert len(hsdp) == 20
+            for layout in ("fsdp", "ddp"):
+                assert losses[f"{model} {layout}"] == pytest.approx(hsdp, abs=1e-5), (
+                    rank,
+                    model,
+                    layout,
+                )
 
 
 def test_hsdp_checkpoint_resumes_under_fsdp_on_two_ranks_and_ddp_on_one(
