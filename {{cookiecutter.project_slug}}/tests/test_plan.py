@@ -79,9 +79,11 @@ def test_the_table_and_the_json_object(cli):
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].startswith("mlp: ") and "bf16" in lines[0] and "2 node(s) of 4 GPUs" in lines[0]
-    assert "6 reserved for CUDA, NCCL and fragmentation" in lines[1]
-    rows = [line.split()[0] for line in lines[4:7]]
-    assert rows == ["ddp", "fsdp", "hsdp/4"]  # the MLP has no blocks: no checkpointed rows
+    assert "(6 GiB reserved for CUDA, NCCL and fragmentation)" in lines[1]
+    assert lines[2].startswith("step time at 40% MFU of 989 TFLOP/s")
+    rows = [line.split()[0] for line in lines[6:9]]
+    assert rows == ["ddp", "fsdp", "hsdp/4"]
+    assert len(lines) == 11  # the MLP has no blocks: no checkpointed rows
     assert lines[-1].startswith("recommended: parallelism=ddp (")
     result = json.loads(cli("plan", *MLP, "nodes=2", "--json").stdout)
     assert result["parameters"] == 8 * 17 + 17 + 17 * 17 + 17 + 17 * 5 + 5

@@ -63,4 +63,5 @@ def test_llama_3_8b_from_its_config_json_needs_a_sharded_layout_on_two_nodes(cli
     assert rows["ddp", False]["weights_gib"] + rows["ddp", False]["optimizer_gib"] > 89
     assert rows["fsdp", False]["fits"] and rows["hsdp", True]["fits"]
     assert planned["recommended"]["parallelism"] in ("hsdp", "fsdp")
-    assert rows["hsdp", False]["slingshot_gib"] < rows["fsdp", False]["slingshot_gib"] / 4
+    # HSDP: each NIC carries the all-reduce of a quarter of the gradients, FSDP's every gather
+    assert rows["hsdp", False]["slingshot_gib"] < rows["fsdp", False]["slingshot_gib"] / 1.5

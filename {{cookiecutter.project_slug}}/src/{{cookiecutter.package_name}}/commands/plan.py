@@ -70,12 +70,13 @@ def layouts(cfg, nodes: int, gpus_per_node: int, has_blocks: bool) -> list:
 
 
 def recommend(rows: list[dict]) -> dict | None:
-    """The cheapest layout that fits. DDP first: one all-reduce of the gradients, overlapped
-    with backward. Then HSDP: the same volume over Slingshot as DDP (each GPU reduces its shard
-    with its peers on the other nodes), its gathers over NVLink. Then FSDP, whose gathers and
-    reduce-scatter of every block cross Slingshot on more than one node (about 1.5 times DDP's
-    volume there in bf16). Activation checkpointing only when none fits without it: its
-    recomputed forward costs a third more computation, more than any layout's communication."""
+    """The cheapest layout that fits. DDP first: one all-reduce of the gradients, in buckets
+    overlapped with backward, and no gathers. Then HSDP: its gathers and reduce-scatters stay on
+    NVLink, and over Slingshot each GPU all-reduces only its shard of the gradients with its
+    peers on the other nodes (fewer bytes per NIC than DDP). Then FSDP, whose two gathers and
+    reduce-scatter of every block cross Slingshot on more than one node, a block at a time on
+    the critical path. Activation checkpointing only when none fits without it: its recomputed
+    forward costs a third more computation, more than any layout's communication."""
     order = {"ddp": 0, "hsdp": 1, "fsdp": 2}
     fitting = [row for row in rows if row["fits"]]
     fitting.sort(key=lambda row: (row["activation_checkpointing"], order[row["parallelism"]]))
@@ -124,12 +125,13 @@ def table(result: dict) -> str:
         f"({result['trainable_parameters'] / 1e9:.3g}e9 trained), {result['precision']}, "
         f"batch_size {result['batch_size']} x grad_accum_steps {result['grad_accum_steps']}, "
         f"{result['nodes']} node(s) of {result['gpus_per_node']} GPUs",
-        f"GiB per GPU of {result['gpu_gib']:.1f} (usable {usable:.1f}: "
-        f"{result['reserve_gib']:.0f} reserved for CUDA, NCCL and fragmentation); step time at "
-        f"{result['mfu']:.0%} MFU of {result['peak_tflops']:g} TFLOP/s, nominal NVLink "
-        f"{result['bandwidth_gbps']['nvlink']:g} GB/s, Slingshot "
-        f"{result['bandwidth_gbps']['slingshot_nic']:g} GB/s per GPU, no overlap",
+        f"memory per GPU {result['gpu_gib']:.1f} GiB, {usable:.1f} usable "
+        f"({result['reserve_gib']:.0f} GiB reserved for CUDA, NCCL and fragmentation)",
+        f"step time at {result['mfu']:.0%} MFU of {result['peak_tflops']:g} TFLOP/s, plus the "
+        f"collectives at nominal NVLink {result['bandwidth_gbps']['nvlink']:g} GB/s and Slingshot "
+        f"{result['bandwidth_gbps']['slingshot_nic']:g} GB/s per GPU (not overlapped)",
         "",
+        "GiB per GPU and step:",
         f"{'layout':<10} {'ckpt':>4} {'weights':>8} {'grads':>7} {'adamw':>7} {'activ':>7} "
         f"{'working':>8} {'total':>7} {'fits':>4} {'step s':>8} {'NVLink':>8} {'Slingshot':>9}",
     ]

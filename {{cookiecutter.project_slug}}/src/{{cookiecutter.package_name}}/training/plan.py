@@ -298,17 +298,22 @@ def collective_gbps(members: int, per_node: int) -> float:
 
 
 def communication(model: Model, layout: Layout, cfg) -> dict[str, float]:
-    """Seconds and GiB of one optimizer step's collectives per GPU, over NVLink and Slingshot,
-    bandwidth terms only (ring algorithms: an all-reduce of B bytes over n GPUs moves
-    2 (n - 1) / n B per GPU, an all-gather or reduce-scatter (n - 1) / n B)."""
+    """Seconds of one optimizer step's collectives, and the GiB each GPU moves over NVLink and
+    through its NIC over Slingshot; bandwidth terms only (ring algorithms: an all-reduce of B
+    bytes over n GPUs moves 2 (n - 1) / n B per GPU, an all-gather or reduce-scatter
+    (n - 1) / n B)."""
     n, per_node, gpn = layout.gpus, min(layout.gpus, layout.gpus_per_node), layout.gpus_per_node
     grads = FP32 * model.trainable  # reduced in fp32 under every precision
     moved = {"nvlink": [0.0, 0.0], "slingshot": [0.0, 0.0]}  # [bytes, seconds]
 
     def add(bytes_: float, members: int, per: int) -> None:
+        """A collective that moves `bytes_` per GPU: over NVLink inside a node; across nodes
+        through the NICs of the `per` members on each node (a ring's channels, one per NIC), so
+        each NIC carries bytes_ / per."""
         gbps = collective_gbps(members, per)
-        link = moved["nvlink" if gbps == NVLINK_GBPS else "slingshot"]
-        link[0] += bytes_
+        over_nvlink = gbps == NVLINK_GBPS
+        link = moved["nvlink" if over_nvlink else "slingshot"]
+        link[0] += bytes_ if over_nvlink else bytes_ / per
         link[1] += bytes_ / (gbps * 1e9)
 
     if layout.shard == 1:  # DDP: one all-reduce of the gradients
