@@ -67,7 +67,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
     # configs, docs and tests. The language and images parts below plug into its registries.
     "training": [
         "configs",
-        *(f"docs/{page}.md" for page in ("data", "profiling", "training", "your-data")),
+        *(f"docs/{page}.md" for page in ("data", "profiling", "scale", "training", "your-data")),
         "docs/your-model.md",
         *(f"{PKG}/{folder}" for folder in ("checkpoint", "config", "data", "make_dataset")),
         *(f"{PKG}/{folder}" for folder in ("models", "telemetry", "training")),

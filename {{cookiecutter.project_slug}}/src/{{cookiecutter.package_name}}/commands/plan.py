@@ -156,6 +156,6 @@ def table(result: dict) -> str:
         ac = " activation_checkpointing=true" if best["activation_checkpointing"] else ""
         lines.append(
             f"recommended: parallelism={best['parallelism']}{ac} "
-            f"({best['gib_per_gpu']:.1f} GiB per GPU, about {best['step_s']:.2f} s per step)"
+            f"({best['gib_per_gpu']:.1f} GiB per GPU, about {best['step_s']:.3g} s per step)"
         )
     return "\n".join(lines)
