@@ -67,7 +67,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
     # configs, docs and tests. The language and images parts below plug into its registries.
     "training": [
         "configs",
-        *(f"docs/{page}.md" for page in ("data", "profiling", "training", "your-data")),
+        *(f"docs/{page}.md" for page in ("data", "profiling", "scale", "training", "your-data")),
         "docs/your-model.md",
         *(f"{PKG}/{folder}" for folder in ("checkpoint", "config", "data", "make_dataset")),
         *(f"{PKG}/{folder}" for folder in ("models", "telemetry", "training")),
@@ -75,7 +75,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
         f"{PKG}/parallel.py",
         *modules(*(f"commands.{name}" for name in ("arguments", "benchmark", "compare"))),
         *modules(*(f"commands.{name}" for name in ("evaluate", "export", "keys"))),
-        *modules(*(f"commands.{name}" for name in ("make_dataset", "plot", "train"))),
+        *modules(*(f"commands.{name}" for name in ("make_dataset", "plan", "plot", "train"))),
         # the generated tests of those modules (the other tests are every bake's)
         *tests(
             """
@@ -83,7 +83,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
             test_compare test_config test_config_files test_console test_data
             test_error_boundary test_evaluate test_hostile_data test_init_from test_non_finite
             test_preemption test_prefetch test_profiling test_resume test_run_integrity
-            test_rundir test_second_signal test_tracking test_train
+            test_rundir test_second_signal test_tracking test_train _plan test_plan
             """
         ),
     ],
@@ -106,7 +106,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
             _language test_benchmark_tokens test_chat test_chat_template test_config_files_gpt
             test_evaluate_tokens test_generate test_gpt test_hf_data test_hf_export test_hf_gpt2
             test_hf_model test_hf_sources test_hostile_tokens test_language_runs test_lora
-            test_tokens
+            test_tokens test_plan_language
             """
         ),
     ],

@@ -43,7 +43,7 @@ def test_the_bake_is_complete_without_language_code(repo, package, post_gen_hook
     )
     assert commands == [
         *("train", "benchmark", "doctor", "make-dataset", "evaluate", "export", "plot"),
-        *("compare", "keys"),
+        *("compare", "keys", "plan"),
     ]
     keys = run([sys.executable, "-m", package, "keys"], cwd=repo, env=package_env(repo)).stdout
     assert '| `"vision"` | mlp, vision, timm |' in keys

@@ -37,7 +37,7 @@ def test_the_bake_is_complete_without_image_code(repo, package, post_gen_hook, t
     )
     assert commands == [
         *("train", "benchmark", "doctor", "make-dataset", "train-tokenizer", "generate"),
-        *("evaluate", "export", "plot", "compare", "keys"),
+        *("evaluate", "export", "plot", "compare", "keys", "plan"),
     ]
     keys = run([sys.executable, "-m", package, "keys"], cwd=repo, env=package_env(repo)).stdout
     assert "| gpt, mlp, hf |" in keys and "vision_model" not in keys and "image_size" not in keys

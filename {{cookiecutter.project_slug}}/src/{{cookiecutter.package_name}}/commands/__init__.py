@@ -79,6 +79,7 @@ COMMANDS = {
         Command("plot", "PNG of loss and throughput from metrics.jsonl"),
         Command("compare", "runs side by side: one table, one PNG"),
         Command("keys", "every config key of every registered model (markdown table)"),
+        Command("plan", "GPU memory and step time of the run under each layout, before a job"),
         {%- endif %}
     )
 }
