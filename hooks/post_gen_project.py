@@ -83,7 +83,7 @@ WORKLOAD_PARTS: dict[str, list[str]] = {
             test_compare test_config test_config_files test_console test_data
             test_error_boundary test_evaluate test_hostile_data test_init_from test_non_finite
             test_preemption test_prefetch test_profiling test_resume test_run_integrity
-            test_rundir test_second_signal test_tracking test_train _plan test_plan
+            test_rundir test_second_signal test_tracking test_train _plan test_plan _layouts
             """
         ),
     ],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from _language import TINY_GPT
+from _layouts import assert_the_same_losses, losses_per_layout
 from conftest import REPO, TINY, one_line
 from test_error_boundary import argparse_error
 
@@ -409,3 +410,11 @@ def test_a_run_of_another_tokenizer_is_refused_unless_on_purpose(tmp_path, singl
     assert not (tmp_path / "refused").exists()
     assert main([*new, f"run_dir={tmp_path / 'new'}", "init_new_vocabulary=true"]) == 0
     assert "init_new_vocabulary=true: " in capsys.readouterr().err
+
+
+def test_hsdp_fsdp_and_ddp_train_the_gpt_to_the_same_losses_on_four_ranks(tmp_path):
+    """The tiny GPT's blocks sharded by HSDP (2 groups of 2) and FSDP (over 4), or replicated
+    by DDP: each rank's loss, step by step, within 1e-5 (_layouts.py)."""
+    ranks, output = losses_per_layout(TINY_GPT, tmp_path)
+    assert "each block sharded over a group of 2 ranks, 2 replicas" in output
+    assert_the_same_losses(ranks)

@@ -357,7 +357,7 @@ TEST_FILES = {
         test_compare test_config test_config_files test_console test_data test_error_boundary
         test_evaluate test_hostile_data test_init_from test_non_finite test_preemption
         test_prefetch test_profiling test_resume test_run_integrity test_rundir
-        test_second_signal test_tracking test_train _plan test_plan""",
+        test_second_signal test_tracking test_train _plan test_plan _layouts""",
     "language": """_language test_benchmark_tokens test_chat test_chat_template
         test_config_files_gpt test_evaluate_tokens test_generate test_gpt test_hf_data
         test_hf_export test_hf_gpt2 test_hf_model test_hf_sources test_hostile_tokens

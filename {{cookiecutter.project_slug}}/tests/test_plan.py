@@ -5,7 +5,6 @@ output, recommendation and bad input. The GPT and Llama cases: test_plan_languag
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,15 +138,18 @@ def test_a_model_that_cannot_be_built_on_meta_is_refused_in_one_line(cli, monkey
 
 
 def test_hsdp_shards_that_do_not_divide_and_hsdp_on_one_gpu_are_refused():
-    """hsdp_shard is read when the config has it (parallel.py's key)."""
+    """The plan's HSDP group is the run's: hsdp_shard, or one node's GPUs when it is 0."""
+
+    def config(*items: str):
+        return load_config(None, [*MLP, *items]).config
+
     with pytest.raises(ConfigError, match="'hsdp_shard' is 3, which does not divide the 8"):
-        shard_size(SimpleNamespace(hsdp_shard=3), 8, 4)
-    unset, zero = SimpleNamespace(), SimpleNamespace(hsdp_shard=0)
-    assert shard_size(unset, 8, 4) == 4 == shard_size(zero, 8, 4)  # a node's GPUs
-    one_gpu = SimpleNamespace(parallelism="hsdp", hsdp_shard=0)
+        shard_size(config("parallelism=hsdp", "hsdp_shard=3"), 8, 4)
+    assert shard_size(config("parallelism=hsdp"), 8, 4) == 4  # a node's GPUs
+    assert shard_size(config("parallelism=hsdp", "hsdp_shard=2"), 8, 4) == 2
     with pytest.raises(ConfigError, match="parallelism=hsdp needs 2 GPUs or more"):
-        layouts(one_gpu, 1, 1, True)
-    assert [x.parallelism for x in layouts(SimpleNamespace(parallelism="ddp"), 1, 1, True)] == [
+        layouts(config("parallelism=hsdp"), 1, 1, True)
+    assert [x.parallelism for x in layouts(config("parallelism=ddp"), 1, 1, True)] == [
         "ddp",
         "ddp",
     ]

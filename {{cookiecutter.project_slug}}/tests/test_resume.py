@@ -8,28 +8,21 @@ uninterrupted reference run (same seeds, same world size; gloo on CPU is determi
 """
 
 import hashlib
-import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _layouts import assert_the_same_losses, losses_per_layout
 from conftest import (
     HSDP_4,
-    REPO,
-    TIMEOUT_S,
     TINY,
     Ranks,
     assert_same_training_state,
     checkpoint_steps,
-    free_port,
     kill_9_then_resume,
     last_logged_step,
-    rank_env,
     train_ranks,
 )
 
@@ -85,77 +78,12 @@ def test_hsdp_kill_9_then_same_command_resumes_exactly(hsdp_reference_run, tmp_p
     kill_mid_run_then_resume(hsdp_reference_run, tmp_path, HSDP_4, world=4, kill_at=15, final=30)
 
 
-LAYOUTS = {"hsdp": ["hsdp_shard=2"], "fsdp": [], "ddp": []}
-
-
-def layout_runs() -> dict[str, list[str]]:
-    """The runs the layouts are compared on: TINY, and the tiny GPT where the bake has it (its
-    blocks are what HSDP shards in a language model)."""
-    from {{ cookiecutter.package_name }}.models import MODELS
-
-    runs = {"mlp": TINY}
-    if "gpt" in MODELS:
-        from _language import TINY_GPT
-
-        runs["gpt"] = TINY_GPT
-    return runs
-
-
-def train_layouts(out: Path) -> None:
-    """One of 4 ranks (`python tests/test_resume.py OUT`): each of layout_runs() built by the
-    package's build() and stepped by its train_step() under each layout in turn, in one process
-    group (one start of 4 interpreters, not 6); this rank's losses to OUT/rank<r>.json."""
-    from {{ cookiecutter.package_name }} import distributed
-    from {{ cookiecutter.package_name }}.training.build import build, input_pipeline
-    from {{ cookiecutter.package_name }}.training.step import train_step
-
-    losses = {}
-    with distributed.process_group(60, 1, "cpu") as (env, device):
-        for model, argv in layout_runs().items():
-            for layout, keys in LAYOUTS.items():
-                overrides = ["max_steps=20", f"parallelism={layout}", *keys]
-                cfg = load_config(None, [*argv, *overrides]).config
-                run = build(cfg, env, device)
-                _, inputs = input_pipeline(run, cfg.max_steps)
-                try:
-                    losses[f"{model} {layout}"] = [
-                        float(train_step(run, inputs)) for _ in range(cfg.max_steps)
-                    ]
-                finally:
-                    inputs.close()
-    (out / f"rank{env.rank}.json").write_text(json.dumps(losses))
-
-
 def test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks(tmp_path):
     """The same model, data and per-rank dropout on 4 ranks: HSDP (2 groups of 2), FSDP over
-    all 4 and DDP differ only in the order of the gradients' reduction: each rank's loss, step
-    by step, within 1e-5, for the MLP and (where the bake has it) the tiny GPT."""
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(tmp_path)],
-            cwd=REPO,
-            env=rank_env(rank, 4, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(4)
-    ]
-    outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, outputs[0][-3000:]
-    assert "each block sharded over a group of 2 ranks, 2 replicas" in outputs[0]
-    for rank in range(4):
-        losses = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for model in layout_runs():
-            hsdp = losses[f"{model} hsdp"]
-            assert len(hsdp) == 20
-            for layout in ("fsdp", "ddp"):
-                assert losses[f"{model} {layout}"] == pytest.approx(hsdp, abs=1e-5), (
-                    rank,
-                    model,
-                    layout,
-                )
+    all 4 and DDP train the same losses (_layouts.py; the GPT's: test_language_runs.py)."""
+    ranks, output = losses_per_layout(TINY, tmp_path)
+    assert "each block sharded over a group of 2 ranks, 2 replicas" in output
+    assert_the_same_losses(ranks)
 
 
 def test_hsdp_checkpoint_resumes_under_fsdp_on_two_ranks_and_ddp_on_one(
@@ -248,7 +176,3 @@ def test_signal_to_one_rank_stops_all_with_one_checkpoint_and_resumes(reference_
     assert again.wait() == [0, 0], again.log(0)[-3000:]
     assert not (run_dir / "REQUEUE").exists()
     assert_same_training_state(reference_run, run_dir, FINAL)
-
-
-if __name__ == "__main__":  # a rank of test_hsdp_fsdp_and_ddp_train_the_same_losses_on_four_ranks
-    train_layouts(Path(sys.argv[1]))

@@ -41,9 +41,9 @@ def take_nodes(overrides: list[str]) -> tuple[int, list[str]]:
 
 
 def shard_size(cfg, gpus: int, gpus_per_node: int) -> int:
-    """HSDP's shard group: `hsdp_shard` when the config has that key and sets it, else the GPUs
-    of one node (the run's default: shard over NVLink, replicate over Slingshot)."""
-    shard = getattr(cfg, "hsdp_shard", 0) or min(gpus_per_node, gpus)
+    """HSDP's shard group: `hsdp_shard` when set, else the GPUs of one node (the run's default,
+    hsdp_shard=0: shard over NVLink, replicate over Slingshot)."""
+    shard = cfg.hsdp_shard or min(gpus_per_node, gpus)
     if gpus % shard:
         raise ConfigError(
             f"config key 'hsdp_shard' is {shard}, which does not divide the {gpus} GPUs of the plan"
