@@ -48,7 +48,7 @@ def test_package_layout(repo, package):
         },
         "commands": {
             *("__init__", "arguments", "benchmark", "compare", "doctor", "evaluate", "export"),
-            *("generate", "keys", "make_dataset", "plot", "train", "train_tokenizer"),
+            *("generate", "keys", "make_dataset", "plan", "plot", "train", "train_tokenizer"),
         },
         "config": {"__init__", "files", "resume", "settings"},
         "data": {
@@ -84,7 +84,7 @@ def test_package_layout(repo, package):
             *("__init__", "compare", "console", "health", "metrics", "profiling", "timing"),
             "tracking",
         },
-        "training": {"__init__", "baselines", "build", "epochs", "loop", "start", "step"},
+        "training": {"__init__", "baselines", "build", "epochs", "loop", "plan", "start", "step"},
     }
     folders = {p.name for p in src.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(packages)
