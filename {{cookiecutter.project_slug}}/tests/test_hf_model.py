@@ -60,15 +60,20 @@ def logits(model, ids):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("arch, ranks", [("gpt2", 2), ("llama", 2), ("qwen2", 1)])
-def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, ranks, tmp_path, cli):
+@pytest.mark.parametrize(
+    "arch, ranks, layout", [("gpt2", 2, "fsdp"), ("llama", 2, "hsdp"), ("qwen2", 1, "fsdp")]
+)
+def test_fsdp_on_two_ranks_from_pretrained_then_export(arch, ranks, layout, tmp_path, cli):
     """Qwen2 (Llama's layers with biases on q, k and v) in one process: what FSDP's sharding
-    and gathering adds, the other two show."""
+    and gathering adds, the other two show; Llama's under HSDP (its 2-D mesh: one group of the
+    node's 2 ranks)."""
     original = make_model(arch, tmp_path / "model")
     run_dir = tmp_path / "run"
     # activation checkpointing too: each decoder layer gets its masks and position embeddings,
     # and the names exported are transformers' own
-    train = args(tmp_path / "model", run_dir, "parallelism=fsdp", "activation_checkpointing=true")
+    train = args(
+        tmp_path / "model", run_dir, f"parallelism={layout}", "activation_checkpointing=true"
+    )
     if ranks == 2:
         both = Ranks(train, tmp_path / "logs")
         assert both.wait() == [0, 0], both.log(0)[-3000:]

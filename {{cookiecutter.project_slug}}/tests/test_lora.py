@@ -78,14 +78,15 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(tmp_path, single
     assert "LoRA: AdamW state" in verdict({"ratio": 1.0, "device": "cpu", **sizes})
 
 
-def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_path, cli):
-    """FSDP on two ranks (frozen base and adapters sharded together), dropout on the adapters:
+def test_kill_9_hsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_path, cli):
+    """HSDP on two ranks (FSDP2 on a 2-D mesh, one group of 2; frozen base and adapters sharded
+    together), dropout on the adapters:
     killed and started again, the run ends identical to an uninterrupted one; its checkpoints
     hold the adapters and their AdamW state, no base tensor; a resume on another base is
     refused in one line."""
     make_model("llama", tmp_path / "model")
     real = ["max_steps=12", "checkpoint_every=4", "lr=1e-2", "min_lr=1e-3", "log_every=1",
-            "preempt_check_every=1", "parallelism=fsdp", "lora_rank=4", "lora_dropout=0.1",
+            "preempt_check_every=1", "parallelism=hsdp", "lora_rank=4", "lora_dropout=0.1",
             "lora_targets=q_proj,down_proj"]  # fmt: skip
     reference = tmp_path / "reference"
     ranks = Ranks(args(tmp_path / "model", reference, *real), tmp_path / "logs0")
@@ -105,7 +106,7 @@ def test_kill_9_fsdp_resumes_bit_exactly_and_checkpoints_hold_the_adapters(tmp_p
     )
 
     make_model("llama", tmp_path / "model", std=0.2)  # the same architecture, other weights
-    done = cli(*args(tmp_path / "model", run_dir, *real, "max_steps=12"))
+    done = cli(*args(tmp_path / "model", run_dir, *real, "parallelism=ddp"))  # hsdp: 2 ranks
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "adapters were trained on the base model" in done.stderr.strip().splitlines()[-1]
 

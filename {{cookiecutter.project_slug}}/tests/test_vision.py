@@ -144,7 +144,8 @@ def test_a_model_without_repeated_units_is_one_unit():
     assert vision.blocks(model) is None
 
 
-def test_fsdp_shards_each_block_as_a_unit(tmp_path):
+@pytest.mark.parametrize("mesh_shape", [None, (1, 1)], ids=["fsdp", "hsdp"])
+def test_fsdp_shards_each_block_as_a_unit(tmp_path, mesh_shape):
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
@@ -152,7 +153,7 @@ def test_fsdp_shards_each_block_as_a_unit(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        parallel.apply_fsdp(vision.SPEC, model, torch.device("cpu"), False, False)
+        parallel.apply_fsdp(vision.SPEC, model, torch.device("cpu"), False, False, mesh_shape)
         blocks = vision.blocks(model)
         assert len(blocks) == 8 and all(isinstance(b, FSDPModule) for b in blocks)
         assert isinstance(model, FSDPModule) and not isinstance(model.fc, FSDPModule)

@@ -51,8 +51,9 @@ RECIPE = ["auto_augment=trivialaugment", "random_erase=0.1", "label_smoothing=0.
 CASES = [
     pytest.param("ddp", ["model=vision", "vision_model=resnet18", "image_size=16", *RECIPE],
                  EPOCHS, 24, 11, id="ddp-torchvision"),
-    pytest.param("fsdp", ["model=timm", "timm_model=test_convnext", "image_size=32"],
-                 STEPS, 12, 7, id="fsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times
+    # HSDP: FSDP2 on a 2-D mesh, here one group sharding over the 2 ranks of the node
+    pytest.param("hsdp", ["model=timm", "timm_model=test_convnext", "image_size=32"],
+                 STEPS, 12, 7, id="hsdp-timm", marks=NEEDS_TIMM),  # halves it 5 times
 ]  # fmt: skip
 
 
