@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import package_env, run
-from user_code import add_from_docs, python
+from user_code import add_from_docs
 
 ARGS = [  # as docs/your-model.md trains it, in small
     "--config",
@@ -64,36 +64,55 @@ def test_a_model_in_one_file_trains_resumes_exports_and_generates(user_repo, tmp
     run_dir = tmp_path / "run"
     fsdp = torchrun(repo, package, *ARGS, f"run_dir={run_dir}", "parallelism=fsdp")
     assert "training finished at step 4" in fsdp.stderr
-    python(repo, package, "export", f"run_dir={run_dir}", "--out", str(tmp_path / "first.pt"))
+    in_one_interpreter(repo, package, [["export", f"run_dir={run_dir}", "--out", "first.pt"]])
 
     # The newest checkpoint gone, the same run continues from step 2 with DDP (the checkpoint
     # reshards) and ends with the weights it had.
     shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
     ddp = torchrun(repo, package, *ARGS, f"run_dir={run_dir}", "parallelism=ddp")
     assert "from checkpoint step 2" in ddp.stderr and "training finished at step 4" in ddp.stderr
-    python(repo, package, "export", f"run_dir={run_dir}", "--out", str(tmp_path / "resumed.pt"))
-    first, resumed = (
-        torch.load(tmp_path / n, weights_only=True) for n in ("first.pt", "resumed.pt")
+    prompt = ["--prompt", "def ", "--tokens", "20", "--device", "cpu"]
+    out, err, status = in_one_interpreter(
+        repo,
+        package,
+        [
+            ["export", f"run_dir={run_dir}", "--out", "resumed.pt"],
+            # a changed key of the model on the existing run: one line, exit 2, before DCP
+            [*ARGS, f"run_dir={run_dir}", "onelayer_width=64"],
+            ["keys"],
+            ["generate", f"run_dir={run_dir}", *prompt],
+        ],
     )
+    assert status == ["0", "2", "0", "0"], err[-3000:]
+    first, resumed = (torch.load(repo / n, weights_only=True) for n in ("first.pt", "resumed.pt"))
     assert first.keys() == resumed.keys() and "blocks.0.qkv.weight" in first
     assert all(torch.equal(first[k], resumed[k]) for k in first), "resume is not bit-exact"
 
-    # A changed key of the model on the existing run: one line, exit 2, before DCP reads it.
-    changed = python(repo, package, *ARGS, f"run_dir={run_dir}", "onelayer_width=64", check=False)
-    assert changed.returncode == 2, changed.stderr[-3000:]
-    (line,) = [line for line in changed.stderr.splitlines() if "error" in line.lower()]
+    changed = re.split(r"<<exit \d+>>\n", err)[1]
+    (line,) = [line for line in changed.splitlines() if "error" in line.lower()]
     assert "onelayer_width: 32 -> 64" in line and "new run_dir" in line
-    assert "Traceback" not in changed.stderr and "mismatch" not in changed.stderr.lower()
+    assert "Traceback" not in changed and "mismatch" not in changed.lower()
 
     # its keys are listed by `keys`, and the repo's own config tests pass untouched (the docs
     # table of keys once failed them until regenerated)
-    assert "| `onelayer_width` |" in python(repo, package, "keys").stdout
+    keys, sampled = re.split(r"<<exit \d+>>\n", out)[2:4]
+    assert "| `onelayer_width` |" in keys
     own = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     run([*own, "tests/test_config.py"], cwd=repo, env=package_env(repo), timeout=300)
+    assert sampled.startswith("def ") and len(sampled) > 10
 
-    prompt = ["--prompt", "def ", "--tokens", "20", "--device", "cpu"]
-    sampled = python(repo, package, "generate", f"run_dir={run_dir}", *prompt)
-    assert sampled.stdout.startswith("def ") and len(sampled.stdout) > 10
+
+def in_one_interpreter(repo: Path, package: str, steps: list) -> tuple[str, str, list[str]]:
+    """DRIVER's steps in the repo: (stdout, stderr, each step's exit status)."""
+    done = run(
+        [sys.executable, "-c", DRIVER, package, json.dumps(steps)],
+        cwd=repo,
+        env=package_env(repo),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done.stdout, done.stderr, re.findall(r"<<exit (\d+)>>\n", done.stderr)
 
 
 # The images bake's page, docs/your-model.md: its training command (synthetic images from
