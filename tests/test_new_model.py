@@ -179,22 +179,15 @@ def test_an_image_model_in_one_file_trains_resumes_evaluates_and_exports(image_r
         "assert first.keys() == model.state_dict().keys() and 'head.weight' in first\n"
         "assert all(torch.equal(first[k], v) for k, v in model.state_dict().items()), 'resume'",
     ]
-    done = run(
-        [sys.executable, "-c", DRIVER, package, json.dumps(steps)],
-        cwd=repo,
-        env=package_env(repo),
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    err = re.split(r"<<exit (\d+)>>\n", done.stderr)
-    out = re.split(r"<<exit (\d+)>>\n", done.stdout)
-    assert err[1::2] == ["0"] * 6 + ["2", "0", "0"], done.stderr[-6000:]
-    first, resumed, changed = err[0], err[6], err[12]
+    stdout, stderr, status = in_one_interpreter(repo, package, steps)
+    assert status == ["0"] * 6 + ["2", "0", "0"], stderr[-6000:]
+    err = re.split(r"<<exit \d+>>\n", stderr)
+    out = re.split(r"<<exit \d+>>\n", stdout)
+    first, resumed, changed = err[0], err[3], err[6]
     assert "training the image classifier smallcnn" in first and "(dataset synthetic)" in first
     assert "training finished at step 4" in first
     assert "from checkpoint step 2" in resumed and "training finished at step 4" in resumed
-    scores = json.loads(out[8].strip().splitlines()[-1])
+    scores = json.loads(out[4].strip().splitlines()[-1])
     assert scores["scored_images"] == 8 and 0 <= scores["eval_acc"] <= 1
     assert (repo / export_out).is_file()
     (line,) = [line for line in changed.splitlines() if "error" in line.lower()]
