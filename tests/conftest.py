@@ -212,13 +212,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.nodeid not in LONGEST)  # stable: the rest keep their order
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: a worker per core and one more, the real-Slurm tests' worker. It mostly waits
-    (scheduler passes, requeue delays, collective timeouts) while its jobs' CPU is slurmd's, so
-    with one worker per core a core idles through those waits."""
-    return (os.cpu_count() or 1) + 1
-
-
 def pytest_xdist_make_scheduler(config, log):
     """Each test its own unit of work, except the Slurm modules: one unit, handed out first (the
     largest). Written out because xdist's `loadgroup` marks do not group on pytest 9."""
