@@ -119,6 +119,10 @@ class Ranks:
     def log(self, rank: int) -> str:
         return (self.log_dir / f"rank{rank}.log").read_text()
 
+    def tails(self, chars: int = 3000) -> str:
+        """Every rank's last `chars` of output: what a failed assertion on all ranks shows."""
+        return "".join(f"\nrank {i}:\n{self.log(i)[-chars:]}" for i in range(len(self.procs)))
+
     def running(self) -> bool:
         return all(p.poll() is None for p in self.procs)
 

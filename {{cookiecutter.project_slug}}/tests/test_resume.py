@@ -54,7 +54,7 @@ def test_a_blow_up_on_two_ranks_stops_both_and_keeps_the_last_checkpoint(referen
     before = digest()
     extra = ["max_steps=100", "lr=1000", "min_lr=1000", "force_resume=true", "dropout=0"]
     ranks = train_ranks(run_dir, tmp_path / "logs", extra)
-    assert ranks.wait() == [4, 4], ranks.log(0)[-3000:]
+    assert ranks.wait() == [4, 4], ranks.tails()  # once rank 1 alone ended with 1: its log
     (line,) = [line for line in ranks.log(0).splitlines() if " ERROR " in line]
     pattern = r"diverged: (gradient norm|loss) (nan|inf) at step (\d+) \((ranks?) [0-9, ]+\)"
     found = re.search(pattern + r"; stopped at step (\d+) with no checkpoint of it", line)
