@@ -34,12 +34,14 @@ from slurm.jobs import (
     PREEMPT_STEPS,
     QUICK,
     SHIM_DIR,
+    SLOWED,
     TWO_RANKS,
     check_checkpoint,
     check_environment_requests,
     check_log_path,
     check_ranks_trained,
     explained,
+    slow_first_start,
     submit,
 )
 
@@ -160,8 +162,13 @@ def test_job_trains_and_completes(slurm, repo, tmp_path, dataset):
 def test_preempted_job_checkpoints_requeues_and_resumes(
     slurm, repo, tmp_path, dataset, name, flavour
 ):
-    """USR2 to the steps (what --signal=USR2@180 sends) -> checkpoint, exit 3, requeue, resume."""
-    sub = submit(slurm, repo(name, flavour), tmp_path, PREEMPT, dataset)
+    """USR2 to the steps (what --signal=USR2@180 sends) -> checkpoint, exit 3, requeue, resume.
+    2 ranks (4 workers of one torchrun: the two-node module's HSDP job)."""
+    target = repo(name, flavour)
+    shape = TWO_RANKS[target.launcher]
+    sub = submit(
+        slurm, target, tmp_path, PREEMPT, dataset, slow_first_start(target), shape, ranks=2
+    )
     with explained(sub):
         sub.wait_for_log(r"INFO step [1-9]\d*/")  # training runs: the handlers are installed
         # without --batch/--full: only the job steps, not the batch shell, as --signal does
@@ -169,6 +176,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(
         job = sub.wait(timeout=JOB_TIMEOUT + 60)
         text = sub.text()
         assert job.state == "COMPLETED" and job.restarts == 1
+        assert text.count(SLOWED) == 1, "the first start was not slowed, or the second was"
 
         stopped = re.findall(r"\[rank0\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
         assert len(stopped) == 1, f"rank 0 must stop once: {stopped}"
@@ -278,6 +286,7 @@ def test_array_tasks_are_runs_of_their_own_preempted_and_resumed(slurm, repo, tm
     extra = {"RUN_DIR": None, "SWEEP": str(sweep)}  # the default run directory, per task
     # 2 ranks and 2 of the node's 4 GPUs a task: both tasks run at once (training uses the CPU)
     shape = ("--array=0-1", "--ntasks-per-node=2", "--gpus-per-node=2")
+    extra |= slow_first_start(target)
     sub = submit(slurm, target, tmp_path, PREEMPT, dataset, extra, shape, ranks=2)
     array = sub.job_id
     tasks = {task: f"{array}_{task}" for task in (0, 1)}
@@ -303,6 +312,7 @@ def test_array_tasks_are_runs_of_their_own_preempted_and_resumed(slurm, repo, tm
             run_dir = runs / f"{target.slug}-{task}"
             assert job.state == "COMPLETED" and job.restarts == 1, (task, job.fields)
             assert f"requeueing job {array}_{task}" in text
+            assert text.count(SLOWED) == 1, "the first start was not slowed, or the second was"
             stopped = re.findall(r"\[rank0\] \S+ WARNING stopping at step (\d+)", text)
             resuming = rf"WARNING RESUMING {re.escape(str(run_dir))} from checkpoint step (\d+)"
             resumed = re.findall(r"\[rank0\] \S+ " + resuming, text)

@@ -149,6 +149,7 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         tmp_path / "preempted",
         jobs.PREEMPT,
         dataset,
+        jobs.slow_first_start(target),
         sbatch_args=SRUN_SHAPE,
         ranks=2,
         single_node=False,
@@ -173,6 +174,7 @@ def test_two_node_srun_ddp_preempted_on_both_nodes_resumes_bit_exactly(
         job = sub.wait(timeout=jobs.JOB_TIMEOUT)
         text = sub.text()
         assert job.state == "COMPLETED" and job.restarts == 1
+        assert text.count(jobs.SLOWED) == 1, "the first start was not slowed, or the second was"
         stops = re.findall(r"\[rank(\d)\] \S+ WARNING stopping at step (\d+) \(([^)]*)\)", text)
         assert sorted(rank for rank, _, _ in stops) == ["0", "1"], stops
         # scancel signals both nodes' tasks, not at the same instant: a rank the signal reaches

@@ -56,10 +56,27 @@ JOB_TIMEOUT = 300  # seconds from submission to the end of a job (about 30 s her
 FAILURE_DEADLINE = 180  # a crashed or stopped rank must end the job this fast
 HANG_TIMEOUT_S = 20  # dist_timeout_s of the stopped-rank test (configs/tiny.toml: 60)
 SHIM_DIR = Path(__file__).resolve().parent / "failure_shim"
-# 20-70 ms a step here: the signal, sent once step 10 is logged, must land before the end even
-# on an idle machine (60 steps, 1.6 s, lost that race once: scancel reaches the ranks in ~1 s)
-PREEMPT_STEPS = 300
+# 5. A job that a test preempts: 20-70 ms a step here, and the signal, sent once step 10 is
+#    logged, reaches the ranks in about a second (60 steps at full speed, 1.6 s, once ended
+#    first). So its first start sleeps FIRST_START_STEP_DELAY_S before each step (the failure
+#    shim's slow action: nothing computed changes), and the restart, with nothing to race, trains
+#    at full speed. 300 full-speed steps instead cost these jobs most of their CPU.
+PREEMPT_STEPS = 60
 PREEMPT = [*QUICK, f"max_steps={PREEMPT_STEPS}", "checkpoint_every=0"]
+FIRST_START_STEP_DELAY_S = 0.25
+
+
+SLOWED = "ALPS_E2E slow first start: rank 0 sleeps"  # the shim's line: it was armed
+
+
+def slow_first_start(repo: Repo) -> dict[str, str]:
+    """The submission environment (5.) of a job that a test preempts (its log then holds SLOWED
+    once, from its first start)."""
+    return {
+        "PYTHONPATH": str(SHIM_DIR),
+        "ALPS_E2E_SLOW_TARGET": f"{repo.package}.training.step:train_step",
+        "ALPS_E2E_SLOW_S": str(FIRST_START_STEP_DELAY_S),
+    }
 
 
 @dataclass(frozen=True)
