@@ -206,10 +206,21 @@ SLURM_MODULES = (
 )
 # the generated suite of the training parts, in the default bake
 LONGEST = ("tests/test_training_package.py::test_generated_test_suite_passes",)
+# The Slurm worker's order, whatever the modules' order: the two-node module first (its lost node
+# and timeouts wait most, while the generated suite keeps both cores busy), the programs' batch of
+# jobs last (its CPU, more than a core's, beside the small template tests that follow that suite).
+SLURM_ORDER = ("tests/test_slurm_two_node.py::", "tests/test_slurm_e2e.py::")
+
+
+def run_order(item: pytest.Item) -> tuple[bool, int]:
+    """LONGEST first; the Slurm modules in SLURM_ORDER, then the others (a stable sort: tests
+    keep their order within a module, and the other modules theirs)."""
+    first = next((i for i, module in enumerate(SLURM_ORDER) if item.nodeid.startswith(module)), 2)
+    return item.nodeid not in LONGEST, first
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid not in LONGEST)  # stable: the rest keep their order
+    items.sort(key=run_order)
 
 
 def pytest_xdist_make_scheduler(config, log):
