@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from baked_files import generated_files
-from conftest import assert_generated_suite_passes, package_env, run
+from conftest import assert_generated_suite_passes, clean_env, package_env, run
 from fake_slurm import FAKE_SCONTROL, FAKE_SRUN, fake_env
 
 # The package may hold at most this many lines (issue 56: the environment, the job scripts, the
@@ -139,3 +141,57 @@ def test_a_job_without_a_command_says_what_this_repository_runs(repo, package, t
 def test_generated_test_suite_passes(repo):
     """The whole suite of the program bake (about a minute on 2 workers)."""
     assert_generated_suite_passes(repo, timeout=800)
+
+
+# docs/your-program.md's train_images.py, with SIGUSR2 arriving just after the all-reduce of the
+# first step's stop flag (as it may: Python runs the handler between two bytecodes). DDP's own
+# reductions do not go through dist.all_reduce: each call is one step's flag.
+SIGNAL_AFTER_THE_FIRST_AGREEMENT = """\
+import os, runpy, signal, sys
+import torch.distributed as dist
+
+reduce = dist.all_reduce
+calls = 0
+
+def all_reduce(tensor, *args, **kwargs):
+    global calls
+    reduce(tensor, *args, **kwargs)
+    calls += 1
+    if calls == 1:
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+dist.all_reduce = all_reduce
+sys.argv = ["train_images.py", *sys.argv[1:]]
+runpy.run_path("train_images.py", run_name="__main__")
+"""
+
+
+def test_the_pages_trainer_acts_on_the_reduced_stop_flag(repo, tmp_path):
+    """A signal that lands after the ranks' agreement on a step counts at the next step: the
+    value every rank acts on is the all-reduced one. (Reading `stop` itself, which `.to()`
+    returns on the CPU, a rank stopped alone: its peers' next collective failed, once, in the
+    Slurm test of this program on 2 ranks.)"""
+    from PIL import Image
+    from slurm.jobs import page_files
+
+    (tmp_path / "train_images.py").write_text(page_files(repo)["train_images.py"])
+    (tmp_path / "signal_after.py").write_text(SIGNAL_AFTER_THE_FIRST_AGREEMENT)
+    for label in range(2):  # 2 classes x 48 images: 3 steps of 32 an epoch on one rank
+        (tmp_path / "images" / str(label)).mkdir(parents=True)
+        for i in range(48):
+            pixels = np.full((8, 8, 3), 200 * label, dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "images" / str(label) / f"{i}.png")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = clean_env() | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_DIR": str(tmp_path)}
+    proc = run(
+        [sys.executable, "signal_after.py", str(tmp_path / "images"), "2"],
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]  # saved, asks to be requeued
+    assert re.fullmatch(r"epoch 0 step 2: loss \S+, saved\n", proc.stdout), proc.stdout
